@@ -1,0 +1,28 @@
+# The two commands a newcomer runs (as root on a fresh Debian 12 machine):
+#   make demo   install, build, then train on real data
+#   make test   install, build, then run the whole suite
+BUILD_DIR ?= build
+BUILD_TYPE ?= Release
+JOBS ?= 2
+
+.PHONY: all deps configure build test demo clean
+
+all: build
+
+deps:
+	bash scripts/install-deps.sh
+
+configure: deps
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
+
+build: configure
+	cmake --build $(BUILD_DIR) -j$(JOBS)
+
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS)
+
+demo: build
+	bash scripts/demo.sh $(BUILD_DIR)
+
+clean:
+	rm -rf $(BUILD_DIR)

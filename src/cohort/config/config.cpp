@@ -1,0 +1,259 @@
+#include "cohort/config/config.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <charconv>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "cohort/core/error.hpp"
+
+namespace cohort {
+
+struct ConfigBinding::Key {
+  std::string name;  // section.key
+  CLI::Option* option = nullptr;
+  std::function<std::string()> to_toml;  // current value as a TOML literal
+};
+
+namespace {
+
+std::string toml_value(const std::string& v) {
+  std::string out = "\"";
+  for (char c : v) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+std::string toml_value(bool v) { return v ? "true" : "false"; }
+std::string toml_value(double v) {
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof buf, v);
+  std::string s(buf, res.ptr);
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // stay a float
+  return s;
+}
+template <class Int>
+std::string toml_value(Int v) {
+  return std::to_string(v);
+}
+
+// Levenshtein distance, for "did you mean" hints on unknown keys.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1] ? 1u : 0u)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
+  const std::string group = "Config keys (also [section] key = value in --config)";
+  auto bind = [&](const std::string& name, auto& field, const std::string& help,
+                  const std::string& alias = "") {
+    auto key = std::make_unique<Key>();
+    key->name = name;
+    std::string flags = "--" + name + (alias.empty() ? "" : "," + alias);
+    using T = std::decay_t<decltype(field)>;
+    if constexpr (std::is_same_v<T, bool>) {
+      key->option = app.add_flag(flags, field, help);
+      key->option->default_str(field ? "true" : "false");
+    } else {
+      key->option = app.add_option(flags, field, help)->capture_default_str();
+    }
+    key->option->group(group);
+    key->to_toml = [&field] { return toml_value(field); };
+    keys_.push_back(std::move(key));
+  };
+
+  // Each key is declared exactly once, here.
+  bind("train.task", c.train.task, "task: image-classify");
+  bind("train.max-steps", c.train.max_steps, "stop after this many optimizer steps; -1 runs train.epochs epochs");
+  bind("train.epochs", c.train.epochs, "epochs to run when train.max-steps is 0");
+  bind("train.seed", c.train.seed, "seed for every RNG: init, data order, dropout");
+  bind("train.device", c.train.device, "auto | cpu | cuda");
+  bind("train.threads", c.train.threads, "intra-op threads per rank; 0 = free cores / local ranks", "--threads");
+  bind("train.precision", c.train.precision, "fp32 | bf16 (CPU autocast; master weights stay fp32)");
+
+  bind("data.path", c.data.path, "dataset directory");
+  bind("data.global-batch", c.data.global_batch, "samples per optimizer step, summed over all ranks and micro-batches");
+  bind("data.workers", c.data.workers, "background loader threads per rank; 0 loads inline");
+  bind("data.prefetch", c.data.prefetch, "micro-batches prepared ahead per rank");
+  bind("data.drop-last", c.data.drop_last, "drop the epoch's last, short global batch");
+
+  bind("optim.name", c.optim.name, "adamw | sgd");
+  bind("optim.lr", c.optim.lr, "peak learning rate");
+  bind("optim.weight-decay", c.optim.weight_decay, "decoupled weight decay (not applied to biases)");
+  bind("optim.beta1", c.optim.beta1, "adamw beta1");
+  bind("optim.beta2", c.optim.beta2, "adamw beta2");
+  bind("optim.eps", c.optim.eps, "adamw epsilon");
+  bind("optim.momentum", c.optim.momentum, "sgd momentum");
+  bind("optim.accum-steps", c.optim.accum_steps, "micro-batches accumulated per optimizer step");
+  bind("optim.schedule", c.optim.schedule, "constant | linear | cosine (after warmup)");
+  bind("optim.warmup-ratio", c.optim.warmup_ratio, "fraction of total steps with linear warmup from 0");
+  bind("optim.min-lr-ratio", c.optim.min_lr_ratio, "final lr as a fraction of optim.lr (linear, cosine)");
+  bind("optim.clip-norm", c.optim.clip_norm, "clip the global gradient norm to this; 0 disables");
+
+  bind("eval.every-steps", c.eval.every_steps, "evaluate every N steps; 0 = at the end of each epoch");
+  bind("eval.split", c.eval.split, "split to evaluate on");
+  bind("eval.batch", c.eval.batch, "evaluation batch size per rank");
+  bind("eval.max-samples", c.eval.max_samples, "evaluate on the first N samples only; 0 = all");
+
+  bind("log.every-steps", c.log.every_steps, "console and metrics.jsonl line every N steps");
+
+  bind("ckpt.every-steps", c.ckpt.every_steps, "checkpoint every N steps; 0 = only at the end");
+  bind("ckpt.keep", c.ckpt.keep, "checkpoints kept");
+
+  bind("dist.timeout", c.dist.timeout, "seconds any collective may take before the job fails");
+  bind("dist.bucket-cap-mb", c.dist.bucket_cap_mb, "gradient all-reduce bucket size, MiB");
+
+  bind("model.name", c.model.name, "mlp | cnn");
+  bind("model.hidden", c.model.hidden, "hidden width");
+  bind("model.dropout", c.model.dropout, "dropout probability");
+}
+
+ConfigBinding::~ConfigBinding() = default;
+
+std::vector<std::string> ConfigBinding::keys() const {
+  std::vector<std::string> out;
+  for (const auto& k : keys_) out.push_back(k->name);
+  return out;
+}
+
+void ConfigBinding::apply_file(const std::string& path) {
+  std::ifstream in(path);
+  COHORT_CHECK(in.good(), UsageError, "config ", path, ": cannot read file (",
+               std::strerror(errno), ")");
+  std::vector<CLI::ConfigItem> items;
+  try {
+    items = CLI::ConfigTOML().from_config(in);
+  } catch (const CLI::Error& e) {
+    throw UsageError(detail::cat("config ", path, ": ", e.what()));
+  }
+  std::map<std::string, Key*> by_name;
+  for (auto& k : keys_) by_name[k->name] = k.get();
+
+  for (const auto& item : items) {
+    if (item.name == "++" || item.name == "--") continue;  // section markers
+    std::string name = item.fullname();
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      std::string hint;
+      size_t best = 4;
+      for (const auto& k : keys_) {
+        size_t d = edit_distance(name, k->name);
+        if (d < best) best = d, hint = k->name;
+      }
+      throw UsageError(detail::cat("config ", path, ": unknown key '", name, "'",
+                                   hint.empty() ? "" : detail::cat(" (did you mean '", hint, "'?)")));
+    }
+    CLI::Option* opt = it->second->option;
+    if (opt->count() > 0) continue;  // the command line wins
+    COHORT_CHECK(item.inputs.size() == 1, UsageError, "config ", path, ": key '", name,
+                 "' takes one value, got ", item.inputs.size());
+    try {
+      opt->add_result(item.inputs);
+      opt->run_callback();
+    } catch (const CLI::Error&) {
+      throw UsageError(detail::cat("config ", path, ": key '", name, "': cannot use '",
+                                   item.inputs[0], "' (expected ", opt->get_type_name(), ")"));
+    }
+  }
+}
+
+std::string ConfigBinding::to_toml() const {
+  std::ostringstream os;
+  os << "# Fully resolved Cohort config: every key, defaults included.\n";
+  std::string section;
+  for (const auto& k : keys_) {
+    auto dot = k->name.find('.');
+    std::string sec = k->name.substr(0, dot);
+    if (sec != section) {
+      os << (section.empty() ? "" : "\n") << "[" << sec << "]\n";
+      section = sec;
+    }
+    os << k->name.substr(dot + 1) << " = " << k->to_toml() << "\n";
+  }
+  return os.str();
+}
+
+namespace {
+
+template <class T>
+void require(bool ok, const char* key, const T& value, const char* what) {
+  COHORT_CHECK(ok, ConfigError, key, " ", what, " (got ", value, ")");
+}
+
+void require_one_of(const std::string& value, const char* key,
+                    std::initializer_list<const char*> allowed) {
+  std::string list;
+  for (const char* a : allowed) {
+    if (value == a) return;
+    list += list.empty() ? a : detail::cat(" | ", a);
+  }
+  throw ConfigError(detail::cat(key, " must be one of ", list, " (got '", value, "')"));
+}
+
+}  // namespace
+
+void validate(const Config& c) {
+  // train.task and model.name are checked by their registries, which know
+  // every registered name.
+  require(c.train.max_steps == -1 || c.train.max_steps >= 1, "train.max-steps", c.train.max_steps,
+          "must be >= 1, or -1 to run train.epochs epochs");
+  require(c.train.epochs >= 1, "train.epochs", c.train.epochs, "must be >= 1");
+  require_one_of(c.train.device, "train.device", {"auto", "cpu", "cuda"});
+  require(c.train.threads >= 0, "train.threads", c.train.threads, "must be >= 0");
+  require_one_of(c.train.precision, "train.precision", {"fp32", "bf16"});
+
+  require(!c.data.path.empty(), "data.path", "''", "must not be empty");
+  require(c.data.global_batch >= 1, "data.global-batch", c.data.global_batch, "must be >= 1");
+  require(c.data.workers >= 0, "data.workers", c.data.workers, "must be >= 0");
+  require(c.data.prefetch >= 1, "data.prefetch", c.data.prefetch, "must be >= 1");
+
+  require_one_of(c.optim.name, "optim.name", {"adamw", "sgd"});
+  require(c.optim.lr > 0, "optim.lr", c.optim.lr, "must be > 0");
+  require(c.optim.weight_decay >= 0, "optim.weight-decay", c.optim.weight_decay, "must be >= 0");
+  require(c.optim.beta1 >= 0 && c.optim.beta1 < 1, "optim.beta1", c.optim.beta1, "must be in [0, 1)");
+  require(c.optim.beta2 >= 0 && c.optim.beta2 < 1, "optim.beta2", c.optim.beta2, "must be in [0, 1)");
+  require(c.optim.eps > 0, "optim.eps", c.optim.eps, "must be > 0");
+  require(c.optim.momentum >= 0 && c.optim.momentum < 1, "optim.momentum", c.optim.momentum, "must be in [0, 1)");
+  require(c.optim.accum_steps >= 1, "optim.accum-steps", c.optim.accum_steps, "must be >= 1");
+  require(c.optim.accum_steps <= c.data.global_batch, "optim.accum-steps", c.optim.accum_steps,
+          "must be <= data.global-batch, or some micro-batches would be empty");
+  require_one_of(c.optim.schedule, "optim.schedule", {"constant", "linear", "cosine"});
+  require(c.optim.warmup_ratio >= 0 && c.optim.warmup_ratio < 1, "optim.warmup-ratio",
+          c.optim.warmup_ratio, "must be in [0, 1)");
+  require(c.optim.min_lr_ratio >= 0 && c.optim.min_lr_ratio <= 1, "optim.min-lr-ratio",
+          c.optim.min_lr_ratio, "must be in [0, 1]");
+  require(c.optim.clip_norm >= 0, "optim.clip-norm", c.optim.clip_norm, "must be >= 0");
+
+  require(c.eval.every_steps >= 0, "eval.every-steps", c.eval.every_steps, "must be >= 0");
+  require(c.eval.batch >= 1, "eval.batch", c.eval.batch, "must be >= 1");
+  require(c.eval.max_samples >= 0, "eval.max-samples", c.eval.max_samples, "must be >= 0");
+  require(c.log.every_steps >= 1, "log.every-steps", c.log.every_steps, "must be >= 1");
+  require(c.ckpt.every_steps >= 0, "ckpt.every-steps", c.ckpt.every_steps, "must be >= 0");
+  require(c.ckpt.keep >= 1, "ckpt.keep", c.ckpt.keep, "must be >= 1");
+  require(c.dist.timeout > 0, "dist.timeout", c.dist.timeout, "must be > 0 seconds");
+  require(c.dist.bucket_cap_mb > 0, "dist.bucket-cap-mb", c.dist.bucket_cap_mb, "must be > 0");
+
+  require(c.model.hidden >= 1, "model.hidden", c.model.hidden, "must be >= 1");
+  require(c.model.dropout >= 0 && c.model.dropout < 1, "model.dropout", c.model.dropout, "must be in [0, 1)");
+}
+
+}  // namespace cohort

@@ -1,0 +1,120 @@
+// defines: TrainOptions ... DistOptions, Config, ConfigBinding, validate
+//
+// One typed options struct per subsystem, defaults inline. Every field is a
+// config key `section.key`: settable as `--section.key VALUE` on the command
+// line or as `key = VALUE` under `[section]` in a TOML file. The command line
+// wins over the file; unknown keys are errors in both. validate() is the one
+// place that checks ranges, and names the key and the value it rejects.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+class Option;
+}  // namespace CLI
+
+namespace cohort {
+
+struct TrainOptions {
+  std::string task = "image-classify";
+  int64_t max_steps = -1;    // -1: run `epochs` full epochs
+  int64_t epochs = 1;
+  uint64_t seed = 1;
+  std::string device = "auto";  // auto | cpu | cuda
+  int threads = 0;           // intra-op threads per rank; 0: cores / local ranks
+  std::string precision = "fp32";  // fp32 | bf16
+};
+
+struct DataOptions {
+  std::string path = "/usr/share/datasets/fashion-mnist";
+  int64_t global_batch = 64;  // samples per optimizer step, over all ranks
+  int workers = 1;            // background loader threads; 0: load inline
+  int prefetch = 4;           // micro-batches prepared ahead per rank
+  bool drop_last = false;     // drop the epoch's last, short global batch
+};
+
+struct OptimOptions {
+  std::string name = "adamw";  // adamw | sgd
+  double lr = 1e-3;
+  double weight_decay = 0.01;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double momentum = 0.9;       // sgd only
+  int64_t accum_steps = 1;     // micro-batches per optimizer step
+  std::string schedule = "linear";  // constant | linear | cosine
+  double warmup_ratio = 0.0;   // fraction of total steps spent warming up
+  double min_lr_ratio = 0.0;   // final lr as a fraction of lr (linear, cosine)
+  double clip_norm = 0.0;      // 0: no clipping
+};
+
+struct EvalOptions {
+  int64_t every_steps = 0;    // 0: at the end of each epoch only
+  std::string split = "test";
+  int64_t batch = 512;
+  int64_t max_samples = 0;    // 0: the whole split
+};
+
+struct LogOptions {
+  int64_t every_steps = 50;
+};
+
+struct CkptOptions {
+  int64_t every_steps = 0;    // 0: only at the end
+  int keep = 3;
+};
+
+struct DistOptions {
+  double timeout = 300.0;     // seconds any collective may take
+  double bucket_cap_mb = 25.0;
+};
+
+struct ModelOptions {
+  std::string name = "cnn";   // mlp | cnn
+  int64_t hidden = 256;
+  double dropout = 0.1;
+};
+
+struct Config {
+  TrainOptions train;
+  DataOptions data;
+  OptimOptions optim;
+  EvalOptions eval;
+  LogOptions log;
+  CkptOptions ckpt;
+  DistOptions dist;
+  ModelOptions model;
+};
+
+// Checks every range and cross-key constraint. Throws ConfigError naming the
+// key and the rejected value.
+void validate(const Config& cfg);
+
+// Declares one CLI11 option per config key on `app`, bound to `cfg`'s fields.
+// Both `app` and `cfg` must outlive the binding.
+class ConfigBinding {
+ public:
+  ConfigBinding(CLI::App& app, Config& cfg);
+  ~ConfigBinding();
+
+  // After app.parse(): applies a TOML file's values to keys the command line
+  // did not set. Throws UsageError for an unreadable file, an unknown key or a
+  // value of the wrong type, naming the file and key.
+  void apply_file(const std::string& path);
+
+  // The fully resolved config as TOML, every key present.
+  std::string to_toml() const;
+
+  // Every key, `section.key`, in declaration order.
+  std::vector<std::string> keys() const;
+
+ private:
+  struct Key;
+  std::vector<std::unique_ptr<Key>> keys_;
+};
+
+}  // namespace cohort

@@ -1,0 +1,37 @@
+// defines: Example, Dataset, collate
+//
+// A dataset is random access: size() and get(i). Samplers, batchers and the
+// prefetching loader are views over it, composed in loader.hpp.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace cohort {
+
+// One sample, or one batch once collated: named tensors ("image", "label",
+// "input_ids", ...). A task reads the names it needs.
+using Example = std::map<std::string, torch::Tensor>;
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  // Thread-safe: loader workers call get() concurrently.
+  virtual Example get(int64_t index) const = 0;
+  // One line for logs: what this is and where it came from.
+  virtual std::string describe() const = 0;
+};
+
+// Stacks each named tensor along a new leading dimension. All examples must
+// have the same names and shapes.
+Example collate(const std::vector<Example>& examples);
+
+// Fetches `indices` from `ds` and collates them.
+Example gather(const Dataset& ds, const std::vector<int64_t>& indices);
+
+}  // namespace cohort

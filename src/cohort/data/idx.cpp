@@ -1,0 +1,134 @@
+#include "cohort/data/idx.hpp"
+
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <sys/stat.h>
+
+#include "cohort/core/error.hpp"
+
+namespace cohort {
+
+namespace {
+
+struct GzCloser {
+  void operator()(gzFile_s* f) const { gzclose(f); }
+};
+using GzFile = std::unique_ptr<gzFile_s, GzCloser>;
+
+// Reads exactly n bytes; returns how many were read before EOF.
+size_t read_bytes(gzFile f, const std::string& path, void* dst, size_t n) {
+  auto* p = static_cast<char*>(dst);
+  size_t got = 0;
+  while (got < n) {
+    unsigned chunk = static_cast<unsigned>(std::min<size_t>(n - got, 1u << 30));
+    int r = gzread(f, p + got, chunk);
+    if (r < 0) {
+      int errnum = 0;
+      const char* msg = gzerror(f, &errnum);
+      throw DataError(detail::cat(path, ": corrupt or unreadable (", msg, ")"));
+    }
+    if (r == 0) break;
+    got += static_cast<size_t>(r);
+  }
+  return got;
+}
+
+const char* dtype_name(int code) {
+  switch (code) {
+    case 0x08: return "uint8";
+    case 0x09: return "int8";
+    case 0x0B: return "int16";
+    case 0x0C: return "int32";
+    case 0x0D: return "float32";
+    case 0x0E: return "float64";
+    default: return "unknown";
+  }
+}
+
+}  // namespace
+
+IdxArray read_idx(const std::string& path) {
+  GzFile f(gzopen(path.c_str(), "rb"));
+  COHORT_CHECK(f != nullptr, DataError, path, ": cannot open (", std::strerror(errno), ")");
+  gzbuffer(f.get(), 1 << 20);
+
+  unsigned char head[4];
+  size_t got = read_bytes(f.get(), path, head, 4);
+  COHORT_CHECK(got == 4, DataError, path, ": truncated: ", got, " bytes, too short for an IDX header");
+  COHORT_CHECK(head[0] == 0 && head[1] == 0, DataError, path,
+               ": not an IDX file (magic bytes ", int(head[0]), ",", int(head[1]), ", expected 0,0)");
+  COHORT_CHECK(head[2] == 0x08, DataError, path, ": IDX dtype 0x", std::hex, int(head[2]), std::dec,
+               " (", dtype_name(head[2]), ") is not supported; expected 0x08 (uint8)");
+  int ndims = head[3];
+  COHORT_CHECK(ndims >= 1 && ndims <= 4, DataError, path, ": IDX dimension count ", ndims,
+               " is out of range [1, 4]");
+
+  IdxArray out;
+  int64_t total = 1;
+  for (int d = 0; d < ndims; ++d) {
+    unsigned char b[4];
+    got = read_bytes(f.get(), path, b, 4);
+    COHORT_CHECK(got == 4, DataError, path, ": truncated in the header (dimension ", d, ")");
+    int64_t dim = (int64_t(b[0]) << 24) | (int64_t(b[1]) << 16) | (int64_t(b[2]) << 8) | int64_t(b[3]);
+    COHORT_CHECK(dim >= 1 && dim < (int64_t(1) << 31), DataError, path, ": dimension ", d,
+                 " has size ", dim);
+    out.dims.push_back(dim);
+    total *= dim;
+    COHORT_CHECK(total < (int64_t(1) << 40), DataError, path, ": implausibly large (", total, " elements)");
+  }
+
+  out.data = torch::empty(out.dims, torch::kUInt8);
+  got = read_bytes(f.get(), path, out.data.data_ptr(), static_cast<size_t>(total));
+  COHORT_CHECK(got == static_cast<size_t>(total), DataError, path, ": truncated: header promises ",
+               total, " data bytes, file has ", got);
+  char extra;
+  COHORT_CHECK(read_bytes(f.get(), path, &extra, 1) == 0, DataError, path,
+               ": has bytes after the ", total, " the header promises; is it the right file?");
+  return out;
+}
+
+std::string find_idx(const std::string& dir, const std::string& stem) {
+  struct stat st;
+  for (const std::string& p : {dir + "/" + stem + ".gz", dir + "/" + stem}) {
+    if (::stat(p.c_str(), &st) == 0) return p;
+  }
+  throw DataError(detail::cat(dir, "/", stem, "[.gz]: no such file. Is data.path right? "
+                              "(Fashion-MNIST comes with: apt-get install dataset-fashion-mnist)"));
+}
+
+ImageDataset ImageDataset::load(const std::string& dir, const std::string& split) {
+  std::string prefix;
+  if (split == "train") prefix = "train";
+  else if (split == "test") prefix = "t10k";
+  else throw ConfigError(detail::cat("split '", split, "' is not one of train | test for an IDX image dataset"));
+  std::string images = find_idx(dir, prefix + "-images-idx3-ubyte");
+  std::string labels = find_idx(dir, prefix + "-labels-idx1-ubyte");
+  IdxArray im = read_idx(images);
+  IdxArray lb = read_idx(labels);
+  COHORT_CHECK(im.dims.size() == 3, DataError, images, ": expected 3 dimensions [N,H,W], got ", im.dims.size());
+  COHORT_CHECK(lb.dims.size() == 1, DataError, labels, ": expected 1 dimension [N], got ", lb.dims.size());
+  COHORT_CHECK(im.dims[0] == lb.dims[0], DataError, images, " has ", im.dims[0], " images but ", labels,
+               " has ", lb.dims[0], " labels");
+  return ImageDataset(std::move(im), std::move(lb), dir + " (" + split + ")");
+}
+
+ImageDataset::ImageDataset(IdxArray images, IdxArray labels, std::string origin)
+    : images_(std::move(images.data)), labels_(labels.data.to(torch::kInt64)), origin_(std::move(origin)) {
+  num_classes_ = labels_.numel() ? labels_.max().item<int64_t>() + 1 : 0;
+}
+
+Example ImageDataset::get(int64_t index) const {
+  // Fashion-MNIST's mean and std over the training set.
+  constexpr float kMean = 0.2860f, kStd = 0.3530f;
+  torch::Tensor img = images_[index].to(torch::kFloat32).div_(255.0f).sub_(kMean).div_(kStd);
+  return {{"image", img.unsqueeze(0)}, {"label", labels_[index]}};
+}
+
+std::string ImageDataset::describe() const {
+  return detail::cat(origin_, ": ", size(), " images ", height(), "x", width(), ", ", num_classes_, " classes");
+}
+
+}  // namespace cohort

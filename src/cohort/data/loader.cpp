@@ -1,0 +1,88 @@
+#include "cohort/data/loader.hpp"
+
+#include "cohort/core/error.hpp"
+
+namespace cohort {
+
+Loader::Loader(const Dataset& data, const GlobalOrder& order, LoaderOptions opts, Cursor start)
+    : data_(data), order_(order), opts_(opts), start_(start) {
+  COHORT_CHECK(opts_.world_size >= 1 && opts_.rank >= 0 && opts_.rank < opts_.world_size, Error,
+               "loader: rank ", opts_.rank, " is outside world size ", opts_.world_size);
+  COHORT_CHECK(start_.consumed >= 0 && start_.consumed < order_.usable(), Error,
+               "loader: start cursor ", start_.consumed, " is outside the epoch's ", order_.usable(),
+               " samples");
+  for (int i = 0; i < opts_.workers; ++i) threads_.emplace_back([this] { work(); });
+}
+
+Loader::~Loader() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+StepBatch Loader::build(int64_t k) const {
+  StepBatch out;
+  out.cursor = order_.cursor_after(start_, k);
+  out.next = order_.advance(out.cursor);
+  out.global_samples = order_.batch_size_at(out.cursor);
+  auto perm = order_.permutation(out.cursor.epoch);
+  Slice mine = split_evenly(out.global_samples, opts_.rank, opts_.world_size);
+  for (int64_t m = 0; m < opts_.accum_steps; ++m) {
+    Slice micro = split_evenly(mine.size(), m, opts_.accum_steps);
+    std::vector<int64_t> ids;
+    ids.reserve(static_cast<size_t>(micro.size()));
+    for (int64_t i = micro.begin; i < micro.end; ++i) {
+      ids.push_back((*perm)[static_cast<size_t>(out.cursor.consumed + mine.begin + i)]);
+    }
+    out.micro.push_back(ids.empty() ? Example{} : gather(data_, ids));
+    out.indices.insert(out.indices.end(), ids.begin(), ids.end());
+  }
+  return out;
+}
+
+void Loader::work() {
+  for (;;) {
+    int64_t k;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || next_to_claim_ < next_to_return_ + opts_.prefetch; });
+      if (stop_) return;
+      k = next_to_claim_++;
+    }
+    StepBatch batch;
+    std::exception_ptr error;
+    try {
+      batch = build(k);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (error) failed_[k] = error;
+      else ready_[k] = std::move(batch);
+    }
+    cv_.notify_all();
+  }
+}
+
+StepBatch Loader::next() {
+  if (threads_.empty()) return build(next_to_return_++);
+  std::unique_lock<std::mutex> lock(mu_);
+  int64_t k = next_to_return_;
+  cv_.wait(lock, [&] { return ready_.count(k) || failed_.count(k); });
+  if (auto it = failed_.find(k); it != failed_.end()) std::rethrow_exception(it->second);
+  StepBatch out = std::move(ready_[k]);
+  ready_.erase(k);
+  ++next_to_return_;
+  lock.unlock();
+  cv_.notify_all();
+  return out;
+}
+
+Slice eval_shard(int64_t n, int rank, int world_size) { return split_evenly(n, rank, world_size); }
+
+}  // namespace cohort
+

@@ -1,0 +1,76 @@
+// defines: StepBatch, LoaderOptions, Loader, eval_shard
+//
+// The loader turns the global order into this rank's micro-batches, step by
+// step, and prepares them on background threads so compute never waits on
+// data. Step k's batch is a pure function of (start cursor, k, rank, world),
+// so workers can build steps out of order; the consumer still receives them
+// in order.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "cohort/data/dataset.hpp"
+#include "cohort/data/order.hpp"
+
+namespace cohort {
+
+// What one rank runs for one optimizer step.
+struct StepBatch {
+  Cursor cursor;               // where this global batch starts
+  Cursor next;                 // where the next one starts
+  int64_t global_samples = 0;  // samples in the whole global batch, all ranks
+  std::vector<Example> micro;  // this rank's micro-batches; an empty Example
+                               // when this rank's share is empty
+  std::vector<int64_t> indices;  // this rank's sample ids, in order
+};
+
+struct LoaderOptions {
+  int rank = 0;
+  int world_size = 1;
+  int64_t accum_steps = 1;
+  int workers = 1;   // 0: build batches on the caller's thread
+  int prefetch = 4;  // steps built ahead of the consumer
+};
+
+class Loader {
+ public:
+  Loader(const Dataset& data, const GlobalOrder& order, LoaderOptions opts, Cursor start);
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  // The next step's batch. Rethrows a worker's exception (a bad sample).
+  StepBatch next();
+
+  // Builds step `k` after the start cursor. Pure; used by the workers.
+  StepBatch build(int64_t k) const;
+
+ private:
+  void work();
+
+  const Dataset& data_;
+  const GlobalOrder& order_;
+  LoaderOptions opts_;
+  Cursor start_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t next_to_claim_ = 0;   // next step a worker builds
+  int64_t next_to_return_ = 0;  // next step next() returns
+  std::map<int64_t, StepBatch> ready_;
+  std::map<int64_t, std::exception_ptr> failed_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+// This rank's contiguous, non-overlapping share of an n-sample evaluation set.
+// Shares over all ranks cover [0, n) exactly once.
+Slice eval_shard(int64_t n, int rank, int world_size);
+
+}  // namespace cohort

@@ -1,0 +1,86 @@
+#include "cohort/data/order.hpp"
+
+#include <random>
+
+#include "cohort/core/error.hpp"
+
+namespace cohort {
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Uniform in [0, bound), without modulo bias.
+uint64_t bounded(std::mt19937_64& rng, uint64_t bound) {
+  uint64_t threshold = (0 - bound) % bound;
+  for (;;) {
+    uint64_t r = rng();
+    if (r >= threshold) return r % bound;
+  }
+}
+
+}  // namespace
+
+std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> perm(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) perm[i] = i;
+  std::mt19937_64 rng(splitmix64(seed ^ splitmix64(static_cast<uint64_t>(epoch) + 0x51ED)));
+  for (int64_t i = n - 1; i > 0; --i) {
+    int64_t j = static_cast<int64_t>(bounded(rng, static_cast<uint64_t>(i + 1)));
+    std::swap(perm[i], perm[j]);
+  }
+  return perm;
+}
+
+Slice split_evenly(int64_t n, int64_t part, int64_t parts) {
+  int64_t base = n / parts, extra = n % parts;
+  int64_t begin = part * base + std::min(part, extra);
+  return {begin, begin + base + (part < extra ? 1 : 0)};
+}
+
+GlobalOrder::GlobalOrder(int64_t dataset_size, int64_t global_batch, uint64_t seed, bool drop_last)
+    : size_(dataset_size), batch_(global_batch), seed_(seed) {
+  COHORT_CHECK(size_ > 0, DataError, "the training set is empty");
+  COHORT_CHECK(batch_ > 0, ConfigError, "data.global-batch must be >= 1 (got ", batch_, ")");
+  usable_ = drop_last ? (size_ / batch_) * batch_ : size_;
+  COHORT_CHECK(usable_ > 0, ConfigError, "data.drop-last with data.global-batch ", batch_,
+               " leaves no batch of a ", size_, "-sample dataset");
+}
+
+int64_t GlobalOrder::steps_per_epoch() const { return (usable_ + batch_ - 1) / batch_; }
+
+int64_t GlobalOrder::batch_size_at(const Cursor& c) const {
+  return std::min(batch_, usable_ - c.consumed);
+}
+
+Cursor GlobalOrder::advance(const Cursor& c) const {
+  Cursor next{c.epoch, c.consumed + batch_size_at(c)};
+  if (next.consumed >= usable_) next = {c.epoch + 1, 0};
+  return next;
+}
+
+Cursor GlobalOrder::cursor_after(const Cursor& start, int64_t steps) const {
+  int64_t left_in_first = (usable_ - start.consumed + batch_ - 1) / batch_;
+  if (steps < left_in_first) return {start.epoch, start.consumed + steps * batch_};
+  steps -= left_in_first;
+  int64_t spe = steps_per_epoch();
+  return {start.epoch + 1 + steps / spe, (steps % spe) * batch_};
+}
+
+std::shared_ptr<const std::vector<int64_t>> GlobalOrder::permutation(int64_t epoch) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [e, p] : cache_) {
+    if (e == epoch) return p;
+  }
+  auto perm = std::make_shared<const std::vector<int64_t>>(epoch_permutation(size_, seed_, epoch));
+  if (cache_.size() >= 2) cache_.erase(cache_.begin());
+  cache_.emplace_back(epoch, perm);
+  return perm;
+}
+
+}  // namespace cohort

@@ -1,0 +1,89 @@
+#include "cohort/model/vision.hpp"
+
+#include <torch/nn.h>
+
+#include <functional>
+#include <map>
+
+#include "cohort/config/config.hpp"
+#include "cohort/core/error.hpp"
+
+namespace cohort {
+
+namespace {
+
+struct MlpImpl : torch::nn::Module {
+  MlpImpl(const ModelOptions& o, const ImageModelSpec& s)
+      : fc1(register_module("fc1", torch::nn::Linear(s.height * s.width, o.hidden))),
+        fc2(register_module("fc2", torch::nn::Linear(o.hidden, o.hidden))),
+        out(register_module("out", torch::nn::Linear(o.hidden, s.classes))),
+        dropout(register_module("dropout", torch::nn::Dropout(o.dropout))) {}
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::relu(fc1(x.flatten(1)));
+    h = torch::relu(fc2(dropout(h)));
+    return out(dropout(h));
+  }
+
+  torch::nn::Linear fc1, fc2, out;
+  torch::nn::Dropout dropout;
+};
+
+struct CnnImpl : torch::nn::Module {
+  CnnImpl(const ModelOptions& o, const ImageModelSpec& s)
+      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3).padding(1)))),
+        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1)))),
+        fc(register_module("fc", torch::nn::Linear(64 * (s.height / 4) * (s.width / 4), o.hidden))),
+        out(register_module("out", torch::nn::Linear(o.hidden, s.classes))),
+        dropout(register_module("dropout", torch::nn::Dropout(o.dropout))) {}
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::max_pool2d(torch::relu(conv1(x)), 2);
+    h = torch::max_pool2d(torch::relu(conv2(h)), 2);
+    h = torch::relu(fc(h.flatten(1)));
+    return out(dropout(h));
+  }
+
+  torch::nn::Conv2d conv1, conv2;
+  torch::nn::Linear fc, out;
+  torch::nn::Dropout dropout;
+};
+
+template <class Impl>
+ImageModel wrap(std::shared_ptr<Impl> m) {
+  return {m, [m](const torch::Tensor& x) { return m->forward(x); }};
+}
+
+using Factory = std::function<ImageModel(const ModelOptions&, const ImageModelSpec&)>;
+
+// Adding a model: write its Module above and register it here.
+const std::map<std::string, Factory>& registry() {
+  static const std::map<std::string, Factory> r = {
+      {"mlp", [](auto& o, auto& s) { return wrap(std::make_shared<MlpImpl>(o, s)); }},
+      {"cnn", [](auto& o, auto& s) { return wrap(std::make_shared<CnnImpl>(o, s)); }},
+  };
+  return r;
+}
+
+}  // namespace
+
+std::vector<std::string> image_model_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, f] : registry()) names.push_back(name);
+  return names;
+}
+
+ImageModel make_image_model(const ModelOptions& opts, const ImageModelSpec& spec) {
+  auto it = registry().find(opts.name);
+  if (it == registry().end()) {
+    std::string known;
+    for (const auto& n : image_model_names()) known += (known.empty() ? "" : " | ") + n;
+    throw ConfigError(detail::cat("model.name must be one of ", known, " for image tasks (got '",
+                                  opts.name, "')"));
+  }
+  COHORT_CHECK(spec.height >= 4 && spec.width >= 4, DataError, "images of ", spec.height, "x",
+               spec.width, " are too small for model ", opts.name);
+  return it->second(opts, spec);
+}
+
+}  // namespace cohort

@@ -1,0 +1,47 @@
+#include "cohort/train/task.hpp"
+
+#include <functional>
+#include <map>
+
+#include "cohort/config/config.hpp"
+#include "cohort/core/error.hpp"
+#include "cohort/train/tasks/registry.hpp"
+
+namespace cohort {
+
+namespace {
+
+using Factory = std::function<std::unique_ptr<Task>(const Config&, const World&)>;
+
+const std::map<std::string, Factory>& registry() {
+  static const std::map<std::string, Factory> r = {
+      {"image-classify", make_image_classify_task},
+  };
+  return r;
+}
+
+}  // namespace
+
+std::vector<std::string> task_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, f] : registry()) names.push_back(name);
+  return names;
+}
+
+std::unique_ptr<Task> make_task(const Config& cfg, const World& world) {
+  auto it = registry().find(cfg.train.task);
+  if (it == registry().end()) {
+    std::string known;
+    for (const auto& n : task_names()) known += (known.empty() ? "" : " | ") + n;
+    throw ConfigError(detail::cat("train.task must be one of ", known, " (got '", cfg.train.task, "')"));
+  }
+  return it->second(cfg, world);
+}
+
+Example to_device(const Example& batch, const c10::Device& device) {
+  Example out;
+  for (const auto& [name, t] : batch) out[name] = t.to(device, /*non_blocking=*/true);
+  return out;
+}
+
+}  // namespace cohort

@@ -1,0 +1,63 @@
+// The image-classify task: an IDX image dataset (Fashion-MNIST) and a small
+// classifier from model/vision.hpp. Metrics: loss, accuracy.
+#include <torch/nn/functional.h>
+
+#include "cohort/config/config.hpp"
+#include "cohort/data/idx.hpp"
+#include "cohort/dist/world.hpp"
+#include "cohort/model/vision.hpp"
+#include "cohort/train/tasks/registry.hpp"
+
+namespace cohort {
+
+namespace {
+
+class ImageClassifyTask : public Task {
+ public:
+  ImageClassifyTask(const Config& cfg, const World& world)
+      : dir_(cfg.data.path),
+        train_(std::make_shared<ImageDataset>(ImageDataset::load(cfg.data.path, "train"))),
+        device_(world.device) {
+    model_ = make_image_model(cfg.model, {train_->height(), train_->width(), train_->num_classes()});
+    model_.module->to(device_);
+  }
+
+  std::shared_ptr<torch::nn::Module> module() override { return model_.module; }
+  const Dataset& train_set() const override { return *train_; }
+  std::string unit_name() const override { return "images"; }
+
+  std::shared_ptr<const Dataset> eval_set(const std::string& split) const override {
+    if (split == "train") return train_;
+    return std::make_shared<ImageDataset>(ImageDataset::load(dir_, split));
+  }
+
+  int64_t count_units(const Example& batch) const override { return batch.at("label").size(0); }
+
+  TaskOutput forward(const Example& batch) override {
+    const auto& images = batch.at("image");
+    const auto& labels = batch.at("label");
+    auto logits = model_.forward(images).to(torch::kFloat32);
+    TaskOutput out;
+    out.loss_sum = torch::nn::functional::cross_entropy(
+        logits, labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+    out.units = labels.size(0);
+    double n = static_cast<double>(out.units);
+    out.tally.add("loss", out.loss_sum.detach().item<double>(), n);
+    out.tally.add("accuracy", logits.argmax(1).eq(labels).sum().item<double>(), n);
+    return out;
+  }
+
+ private:
+  std::string dir_;
+  std::shared_ptr<ImageDataset> train_;
+  c10::Device device_;
+  ImageModel model_;
+};
+
+}  // namespace
+
+std::unique_ptr<Task> make_image_classify_task(const Config& cfg, const World& world) {
+  return std::make_unique<ImageClassifyTask>(cfg, world);
+}
+
+}  // namespace cohort

@@ -1,0 +1,256 @@
+#include "cohort/train/trainer.hpp"
+
+#include <ATen/autocast_mode.h>
+#include <torch/nn/utils/clip_grad.h>
+
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "cohort/core/error.hpp"
+#include "cohort/data/loader.hpp"
+#include "cohort/obs/metrics_log.hpp"
+#include "cohort/train/evaluate.hpp"
+#include "cohort/train/optim.hpp"
+#include "cohort/train/runtime.hpp"
+#include "cohort/train/task.hpp"
+
+namespace cohort {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// bf16 autocast on CPU for the forward pass; master weights and gradients
+// stay fp32.
+class AutocastScope {
+ public:
+  explicit AutocastScope(bool enabled) : enabled_(enabled) {
+    if (!enabled_) return;
+    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+  }
+  ~AutocastScope() {
+    if (!enabled_) return;
+    at::autocast::set_cpu_enabled(false);
+    at::autocast::clear_cache();
+  }
+
+ private:
+  bool enabled_;
+};
+
+std::string format_metric(const std::string& name, double value) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "  %s %.4f", name.c_str(), value);
+  return buf;
+}
+
+void prepare_run_dir(const RunOptions& run) {
+  COHORT_CHECK(!run.out_dir.empty(), UsageError, "--out RUN_DIR is required");
+  fs::path dir(run.out_dir);
+  COHORT_CHECK(run.overwrite || !fs::exists(dir / "metrics.jsonl"), UsageError, run.out_dir,
+               " already holds a run (metrics.jsonl); choose a new --out, or pass --overwrite");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  COHORT_CHECK(!ec, Error, run.out_dir, ": cannot create directory (", ec.message(), ")");
+  if (run.overwrite) fs::remove(dir / "metrics.jsonl", ec);
+  std::ofstream cfg(dir / "config.toml");
+  cfg << run.config_toml;
+  COHORT_CHECK(cfg.good(), Error, (dir / "config.toml").string(), ": write failed");
+}
+
+}  // namespace
+
+struct Trainer::State {
+  Config cfg;
+  World world;
+  RunOptions run;
+  Runtime runtime;
+  std::unique_ptr<Task> task;
+  std::unique_ptr<GlobalOrder> order;
+  std::unique_ptr<Loader> loader;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  LrSchedule schedule;
+  MetricsLog log;
+  std::shared_ptr<const Dataset> eval_data;
+
+  int64_t step = 0;
+  int64_t total_steps = 0;
+  int64_t samples_seen = 0;
+  Cursor cursor;
+  Tally interval;  // training metrics since the last log line
+  int64_t interval_units = 0;
+  Clock::time_point interval_start = Clock::now();
+  Clock::time_point start = Clock::now();
+  RunSummary summary;
+
+  void say(const char* fmt, ...) const __attribute__((format(printf, 2, 3)));
+  void announce_plan() const;
+  double train_step(const StepBatch& batch);
+  void log_train(int64_t epoch);
+  void run_eval();
+  bool due(int64_t every) const { return every > 0 && step % every == 0; }
+};
+
+void Trainer::State::say(const char* fmt, ...) const {
+  if (run.quiet || !world.is_main()) return;
+  va_list args;
+  va_start(args, fmt);
+  std::vprintf(fmt, args);
+  va_end(args);
+  std::fflush(stdout);
+}
+
+Trainer::Trainer(Config cfg, World world, RunOptions run) : s_(std::make_unique<State>()) {
+  State& s = *s_;
+  s.cfg = std::move(cfg);
+  s.world = std::move(world);
+  s.run = std::move(run);
+  validate(s.cfg);
+  if (s.world.is_main()) prepare_run_dir(s.run);
+  s.runtime = setup_runtime(s.cfg.train, s.world);
+
+  s.task = make_task(s.cfg, s.world);
+  s.eval_data = s.task->eval_set(s.cfg.eval.split);
+  const Dataset& train = s.task->train_set();
+  s.order = std::make_unique<GlobalOrder>(train.size(), s.cfg.data.global_batch, s.cfg.train.seed,
+                                          s.cfg.data.drop_last);
+  s.total_steps = s.cfg.train.max_steps > 0 ? s.cfg.train.max_steps
+                                             : s.cfg.train.epochs * s.order->steps_per_epoch();
+  LoaderOptions lo;
+  lo.rank = s.world.rank;
+  lo.world_size = s.world.world_size;
+  lo.accum_steps = s.cfg.optim.accum_steps;
+  lo.workers = s.cfg.data.workers;
+  lo.prefetch = s.cfg.data.prefetch;
+  s.loader = std::make_unique<Loader>(train, *s.order, lo, s.cursor);
+  s.optimizer = make_optimizer(s.cfg.optim, *s.task->module());
+  s.schedule = LrSchedule::from(s.cfg.optim, s.total_steps);
+  if (s.world.is_main()) s.log = MetricsLog((fs::path(s.run.out_dir) / "metrics.jsonl").string());
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::State::announce_plan() const {
+  const Dataset& train = task->train_set();
+  int64_t params = 0;
+  for (const auto& p : task->module()->parameters()) params += p.numel();
+  say("cohort: %s, %lld parameters, %s on %s, %d thread(s) of %d core(s)\n", cfg.model.name.c_str(),
+      static_cast<long long>(params), cfg.train.precision.c_str(), world.device.str().c_str(),
+      runtime.threads, runtime.cores);
+  say("cohort: train %s\ncohort: eval  %s\n", train.describe().c_str(), eval_data->describe().c_str());
+  say("cohort: global batch %lld = %d rank(s) x %lld accumulation step(s); %lld steps/epoch, "
+      "%lld steps total; %s schedule, peak lr %g, %lld warmup steps\n",
+      static_cast<long long>(cfg.data.global_batch), world.world_size,
+      static_cast<long long>(cfg.optim.accum_steps), static_cast<long long>(order->steps_per_epoch()),
+      static_cast<long long>(total_steps), schedule.kind.c_str(), schedule.peak,
+      static_cast<long long>(schedule.warmup));
+}
+
+// One optimizer step: forward and backward over this rank's micro-batches,
+// each loss divided by the global unit count, then clip and step.
+double Trainer::State::train_step(const StepBatch& batch) {
+  auto& module = *task->module();
+  module.train();
+  optimizer->zero_grad();
+  int64_t global_units = 0;
+  for (const auto& micro : batch.micro) {
+    if (!micro.empty()) global_units += task->count_units(micro);
+  }
+  COHORT_CHECK(global_units > 0, Error, "step ", step, ": the global batch has no units to train on");
+  Tally step_tally;
+  for (const auto& micro : batch.micro) {
+    if (micro.empty()) continue;
+    TaskOutput out;
+    {
+      AutocastScope autocast(cfg.train.precision == "bf16");
+      out = task->forward(to_device(micro, world.device));
+    }
+    (out.loss_sum / static_cast<double>(global_units)).backward();
+    step_tally.merge(out.tally);
+    interval_units += out.units;
+  }
+  double loss = step_tally.mean("loss");
+  COHORT_CHECK(std::isfinite(loss), Error, "step ", step, ": training loss is ", loss,
+               "; lower optim.lr or enable optim.clip-norm");
+  if (cfg.optim.clip_norm > 0) torch::nn::utils::clip_grad_norm_(module.parameters(), cfg.optim.clip_norm);
+  set_lr(*optimizer, schedule.at(step));
+  optimizer->step();
+  interval.merge(step_tally);
+  samples_seen += batch.global_samples;
+  return loss;
+}
+
+void Trainer::State::log_train(int64_t epoch) {
+  double secs = seconds_since(interval_start);
+  double units_per_s = interval_units / std::max(secs, 1e-9);
+  double eta = seconds_since(start) / static_cast<double>(step) * static_cast<double>(total_steps - step);
+  double lr = schedule.at(step - 1);
+  nlohmann::json line = {{"kind", "train"}, {"step", step},       {"epoch", epoch},
+                         {"lr", lr},        {"samples", samples_seen}, {"tokens_per_s", units_per_s}};
+  std::string text;
+  for (const auto& name : interval.names()) {
+    line[name] = interval.mean(name);
+    text += format_metric(name, interval.mean(name));
+  }
+  log.write(line);
+  say("step %6lld/%lld  epoch %lld %s  lr %.2e  %.0f %s/s  eta %s\n", static_cast<long long>(step),
+      static_cast<long long>(total_steps), static_cast<long long>(epoch), text.c_str(), lr, units_per_s,
+      task->unit_name().c_str(), format_duration(eta).c_str());
+  interval = Tally();
+  interval_units = 0;
+  interval_start = Clock::now();
+}
+
+void Trainer::State::run_eval() {
+  auto t0 = Clock::now();
+  Tally tally = evaluate(*task, *eval_data, world, {cfg.eval.batch, cfg.eval.max_samples});
+  nlohmann::json line = {{"kind", "eval"}, {"step", step}, {"split", cfg.eval.split},
+                         {"count", static_cast<int64_t>(tally.count("loss"))}};
+  std::string text;
+  for (const auto& name : tally.names()) {
+    line[name] = tally.mean(name);
+    text += format_metric(name, tally.mean(name));
+  }
+  log.write(line);
+  say("eval  step %lld  %s:%s  (%lld %s, %s)\n", static_cast<long long>(step), cfg.eval.split.c_str(),
+      text.c_str(), static_cast<long long>(tally.count("loss")), task->unit_name().c_str(),
+      format_duration(seconds_since(t0)).c_str());
+  summary.final_eval_loss = tally.mean("loss");
+  summary.final_eval_accuracy = tally.has("accuracy") ? tally.mean("accuracy") : 0.0;
+}
+
+RunSummary Trainer::run() {
+  State& s = *s_;
+  s.announce_plan();
+  s.start = s.interval_start = Clock::now();
+  int64_t last_eval = -1;
+  while (s.step < s.total_steps) {
+    StepBatch batch = s.loader->next();
+    s.summary.step_losses.push_back(s.train_step(batch));
+    ++s.step;
+    s.cursor = batch.next;
+    bool epoch_end = batch.next.epoch != batch.cursor.epoch;
+    bool last = s.step == s.total_steps;
+    if (s.due(s.cfg.log.every_steps) || last) s.log_train(batch.cursor.epoch);
+    if (s.due(s.cfg.eval.every_steps) || (s.cfg.eval.every_steps == 0 && epoch_end) || last) {
+      if (last_eval != s.step) s.run_eval();
+      last_eval = s.step;
+    }
+  }
+  s.summary.steps = s.step;
+  s.summary.seconds = seconds_since(s.start);
+  s.say("cohort: done: %lld steps in %s; %s accuracy %.4f\n", static_cast<long long>(s.step),
+        format_duration(s.summary.seconds).c_str(), s.cfg.eval.split.c_str(), s.summary.final_eval_accuracy);
+  return s.summary;
+}
+
+}  // namespace cohort

@@ -1,0 +1,43 @@
+// defines: RunOptions, Trainer
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cohort/config/config.hpp"
+#include "cohort/dist/world.hpp"
+
+namespace cohort {
+
+struct RunOptions {
+  std::string out_dir;       // RUN_DIR
+  std::string config_toml;   // the resolved config, written to RUN_DIR/config.toml
+  bool overwrite = false;    // allow an out_dir that already holds a run
+  bool quiet = false;        // no console lines (tests)
+};
+
+struct RunSummary {
+  int64_t steps = 0;
+  std::vector<double> step_losses;  // mean training loss of every step
+  double final_eval_loss = 0;
+  double final_eval_accuracy = 0;
+  double seconds = 0;
+};
+
+// Runs a training job for this rank. Cross-rank contract (for data-parallel
+// runs): every rank constructs the Trainer with the same Config and calls
+// run(); steps, evaluations and collectives happen in the same order on all.
+class Trainer {
+ public:
+  Trainer(Config cfg, World world, RunOptions run);
+  ~Trainer();
+  RunSummary run();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace cohort
