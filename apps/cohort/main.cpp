@@ -42,6 +42,16 @@ int main(int argc, char** argv) {
   train->add_flag("--overwrite", run.overwrite, "replace a run already in --out");
   train->add_flag("--quiet", run.quiet, "no console progress lines");
 
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string known;
+    bool found = false;
+    for (const auto* sub : app.get_subcommands({})) {
+      known += (known.empty() ? "" : ", ") + sub->get_name();
+      found = found || sub->get_name() == argv[1];
+    }
+    if (!found)
+      return fail("unknown command '" + std::string(argv[1]) + "' (commands: " + known + "; see 'cohort --help')", 2);
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -84,7 +84,7 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   // Each key is declared exactly once, here.
   bind("train.task", c.train.task, "task: image-classify");
   bind("train.max-steps", c.train.max_steps, "stop after this many optimizer steps; -1 runs train.epochs epochs");
-  bind("train.epochs", c.train.epochs, "epochs to run when train.max-steps is 0");
+  bind("train.epochs", c.train.epochs, "epochs to run when train.max-steps is -1");
   bind("train.seed", c.train.seed, "seed for every RNG: init, data order, dropout");
   bind("train.device", c.train.device, "auto | cpu | cuda");
   bind("train.threads", c.train.threads, "intra-op threads per rank; 0 = free cores / local ranks", "--threads");

@@ -115,7 +115,6 @@ Trainer::Trainer(Config cfg, World world, RunOptions run) : s_(std::make_unique<
   s.world = std::move(world);
   s.run = std::move(run);
   validate(s.cfg);
-  if (s.world.is_main()) prepare_run_dir(s.run);
   s.runtime = setup_runtime(s.cfg.train, s.world);
 
   s.task = make_task(s.cfg, s.world);
@@ -134,6 +133,8 @@ Trainer::Trainer(Config cfg, World world, RunOptions run) : s_(std::make_unique<
   s.loader = std::make_unique<Loader>(train, *s.order, lo, s.cursor);
   s.optimizer = make_optimizer(s.cfg.optim, *s.task->module());
   s.schedule = LrSchedule::from(s.cfg.optim, s.total_steps);
+  // Only now, with config, model and data all accepted, touch the run dir.
+  if (s.world.is_main()) prepare_run_dir(s.run);
   if (s.world.is_main()) s.log = MetricsLog((fs::path(s.run.out_dir) / "metrics.jsonl").string());
 }
 

@@ -1,0 +1,126 @@
+// End-to-end checks of the `cohort` binary: exit codes and the one-line
+// error contract.
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <CLI/CLI.hpp>
+
+#include "cohort/config/config.hpp"
+#include "helpers.hpp"
+
+using cohort::test::Result;
+using cohort::test::run_cohort;
+using cohort::test::TempDir;
+using cohort::test::write_file;
+
+namespace {
+
+// Exactly one line on stderr, starting "cohort: error:", containing `needle`.
+void expect_one_error_line(const Result& r, int code, const std::string& needle) {
+  EXPECT_EQ(r.code, code) << r.err;
+  auto lines = cohort::test::lines_of(r.err);
+  ASSERT_EQ(lines.size(), 1u) << r.err;
+  EXPECT_EQ(lines[0].rfind("cohort: error: ", 0), 0u) << lines[0];
+  EXPECT_NE(lines[0].find(needle), std::string::npos) << lines[0];
+}
+
+// A tiny but valid IDX dataset: 8 images of 8x8, labels 0..3.
+void write_dataset(const TempDir& dir) {
+  auto idx = [](std::vector<uint32_t> dims, size_t n, int mod) {
+    std::string s = {0, 0, 8, static_cast<char>(dims.size())};
+    for (uint32_t d : dims)
+      for (int shift : {24, 16, 8, 0}) s += static_cast<char>((d >> shift) & 0xFF);
+    for (size_t i = 0; i < n; ++i) s += static_cast<char>(i % mod);
+    return s;
+  };
+  for (const char* p : {"train", "t10k"}) {
+    write_file(dir / (std::string(p) + "-images-idx3-ubyte"), idx({8, 8, 8}, 512, 251));
+    write_file(dir / (std::string(p) + "-labels-idx1-ubyte"), idx({8}, 8, 4));
+  }
+}
+
+}  // namespace
+
+TEST(Cli, HelpListsEveryKeyWithItsDefault) {
+  Result r = run_cohort("train --help");
+  ASSERT_EQ(r.code, 0) << r.err;
+  CLI::App app;
+  cohort::Config cfg;
+  cohort::ConfigBinding binding(app, cfg);
+  auto toml = binding.to_toml();
+  for (const auto& key : binding.keys()) {
+    auto at = r.out.find("--" + key);
+    ASSERT_NE(at, std::string::npos) << key;
+    // The flag is followed by its type and "=default" (bools: "=false").
+    auto line_end = r.out.find('\n', at);
+    EXPECT_NE(r.out.substr(at, line_end - at).find('='), std::string::npos) << key;
+  }
+  EXPECT_NE(r.out.find("--optim.lr FLOAT=0.001"), std::string::npos);
+}
+
+TEST(Cli, UsageErrorsExitTwo) {
+  TempDir tmp;
+  expect_one_error_line(run_cohort("train --out " + (tmp / "r") + " --no-such-flag 3"), 2, "--no-such-flag");
+  expect_one_error_line(run_cohort("train --out " + (tmp / "r") + " --optim.lr fast"), 2, "fast");
+  expect_one_error_line(run_cohort("train --out " + (tmp / "r") + " --optim.lr -1"), 2, "optim.lr");
+  expect_one_error_line(run_cohort("train --out " + (tmp / "r") + " --data.global-batch 0"), 2, "data.global-batch");
+  expect_one_error_line(run_cohort("train --out " + (tmp / "r") + " --train.max-steps 0"), 2, "train.max-steps");
+  expect_one_error_line(run_cohort("train --out " + (tmp / "r") + " --model.name resnet"), 2, "resnet");
+  expect_one_error_line(run_cohort("train --out " + (tmp / "r") + " --config " + (tmp / "missing.toml")), 2,
+                        "missing.toml");
+  write_file(tmp / "bad.toml", "[optim]\nlearning_rate = 1\n");
+  expect_one_error_line(run_cohort("train --out " + (tmp / "r") + " --config " + (tmp / "bad.toml")), 2,
+                        "optim.learning_rate");
+  write_file(tmp / "type.toml", "[train]\nmax-steps = 2.5\n");
+  expect_one_error_line(run_cohort("train --out " + (tmp / "r") + " --config " + (tmp / "type.toml")), 2,
+                        "train.max-steps");
+  expect_one_error_line(run_cohort("frobnicate"), 2, "frobnicate");
+  EXPECT_FALSE(std::filesystem::exists(tmp / "r")) << "a refused run must not create its run dir";
+}
+
+TEST(Cli, BadDataExitsOneNamingTheFile) {
+  TempDir tmp;
+  std::string base = "train --out " + (tmp / "r") + " --overwrite --data.path " + tmp.path();
+  expect_one_error_line(run_cohort(base), 1, "train-images-idx3-ubyte");
+
+  write_dataset(tmp);
+  std::string images = tmp / "train-images-idx3-ubyte";
+  std::string good = cohort::test::read_file(images);
+  write_file(images, good.substr(0, good.size() - 100));
+  expect_one_error_line(run_cohort(base), 1, images);
+
+  write_file(images, "garbage that is not IDX");
+  expect_one_error_line(run_cohort(base), 1, images);
+
+  std::filesystem::remove(images);
+  write_file(images + ".gz", "\x1f\x8b\x08\x00 this is not deflate data at all, it is corrupt");
+  expect_one_error_line(run_cohort(base), 1, images + ".gz");
+}
+
+TEST(Cli, TrainsOnATinyDatasetAndResolvesTheConfig) {
+  TempDir tmp;
+  write_dataset(tmp);
+  write_file(tmp / "c.toml", "[train]\nmax-steps = 4\n[optim]\nlr = 0.5\n[data]\nglobal-batch = 4\n");
+  Result r = run_cohort("train --config " + (tmp / "c.toml") + " --optim.lr 0.01 --model.name mlp --data.path " +
+                        tmp.path() + " --out " + (tmp / "run") + " --log.every-steps 1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(r.err.empty()) << r.err;
+  EXPECT_NE(r.out.find("step      4/4"), std::string::npos) << r.out;
+  std::string resolved = cohort::test::read_file(tmp / "run/config.toml");
+  EXPECT_NE(resolved.find("[optim]\nname = \"adamw\"\nlr = 0.01\n"), std::string::npos) << resolved;
+  EXPECT_NE(resolved.find("max-steps = 4\n"), std::string::npos) << resolved;
+  // 4 train lines, an eval at the end of epoch 0 (8 samples = 2 steps) and one
+  // at the last step.
+  EXPECT_EQ(cohort::test::lines_of(cohort::test::read_file(tmp / "run/metrics.jsonl")).size(), 6u);
+
+  // The resolved config is itself a valid config that reproduces the run.
+  Result again = run_cohort("train --config " + (tmp / "run/config.toml") + " --out " + (tmp / "run2") + " --quiet");
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_EQ(cohort::test::read_file(tmp / "run2/config.toml"), resolved);
+  EXPECT_EQ(cohort::test::read_file(tmp / "run2/metrics.jsonl").size() > 0, true);
+
+  // The same run dir again is refused, and nothing in it is lost.
+  expect_one_error_line(run_cohort("train --config " + (tmp / "run/config.toml") + " --out " + (tmp / "run")), 2,
+                        "already holds a run");
+  EXPECT_EQ(cohort::test::read_file(tmp / "run/config.toml"), resolved);
+}

@@ -1,0 +1,184 @@
+#include <CLI/CLI.hpp>
+#include <gtest/gtest.h>
+
+#include "cohort/config/config.hpp"
+#include "cohort/core/error.hpp"
+#include "helpers.hpp"
+
+using namespace cohort;
+using cohort::test::TempDir;
+using cohort::test::write_file;
+
+namespace {
+
+// Parses `args` (without the program name) and optionally a config file, the
+// way main does.
+Config parse(std::vector<std::string> args, const std::string& file = "") {
+  CLI::App app;
+  Config cfg;
+  ConfigBinding binding(app, cfg);
+  std::reverse(args.begin(), args.end());  // CLI11 takes them reversed
+  app.parse(args);
+  if (!file.empty()) binding.apply_file(file);
+  return cfg;
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Config, DefaultsAreValid) {
+  Config cfg;
+  EXPECT_NO_THROW(validate(cfg));
+  EXPECT_EQ(cfg.train.max_steps, -1);
+  EXPECT_EQ(cfg.optim.name, "adamw");
+}
+
+TEST(Config, CommandLineSetsTypedFields) {
+  Config cfg = parse({"--optim.lr", "0.25", "--data.global-batch", "96", "--model.name", "mlp",
+                      "--data.drop-last", "--threads", "3"});
+  EXPECT_DOUBLE_EQ(cfg.optim.lr, 0.25);
+  EXPECT_EQ(cfg.data.global_batch, 96);
+  EXPECT_EQ(cfg.model.name, "mlp");
+  EXPECT_TRUE(cfg.data.drop_last);
+  EXPECT_EQ(cfg.train.threads, 3);
+}
+
+TEST(Config, FileSetsKeysAndCommandLineWins) {
+  TempDir tmp;
+  write_file(tmp / "c.toml",
+             "# comment\n[optim]\nlr = 0.5\nname = \"sgd\"\n\n[data]\nglobal-batch = 32\ndrop-last = true\n"
+             "[train]\nseed = 7\n");
+  Config cfg = parse({"--optim.lr", "0.125"}, tmp / "c.toml");
+  EXPECT_DOUBLE_EQ(cfg.optim.lr, 0.125);  // command line wins
+  EXPECT_EQ(cfg.optim.name, "sgd");       // file applies
+  EXPECT_EQ(cfg.data.global_batch, 32);
+  EXPECT_TRUE(cfg.data.drop_last);
+  EXPECT_EQ(cfg.train.seed, 7u);
+}
+
+TEST(Config, UnknownFileKeyIsAnErrorNamingFileAndKey) {
+  TempDir tmp;
+  write_file(tmp / "c.toml", "[optim]\nlearning-rate = 0.5\n");
+  std::string msg = error_of([&] { parse({}, tmp / "c.toml"); });
+  EXPECT_NE(msg.find("c.toml"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("optim.learning-rate"), std::string::npos) << msg;
+
+  write_file(tmp / "d.toml", "[optim]\nlrr = 0.5\n");
+  msg = error_of([&] { parse({}, tmp / "d.toml"); });
+  EXPECT_NE(msg.find("did you mean 'optim.lr'"), std::string::npos) << msg;
+
+  write_file(tmp / "e.toml", "[nosuch]\nlr = 0.5\n");
+  EXPECT_THROW(parse({}, tmp / "e.toml"), UsageError);
+}
+
+TEST(Config, UnknownCommandLineKeyIsAnError) {
+  EXPECT_THROW(parse({"--optim.learning-rate", "1"}), CLI::ParseError);
+}
+
+TEST(Config, WrongTypeIsAnError) {
+  TempDir tmp;
+  write_file(tmp / "c.toml", "[data]\nglobal-batch = \"many\"\n");
+  std::string msg = error_of([&] { parse({}, tmp / "c.toml"); });
+  EXPECT_NE(msg.find("data.global-batch"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("many"), std::string::npos) << msg;
+  EXPECT_THROW(parse({"--optim.lr", "fast"}), CLI::ParseError);
+}
+
+TEST(Config, UnreadableFileIsAUsageError) {
+  std::string msg;
+  try {
+    parse({}, "/nonexistent/cohort.toml");
+  } catch (const UsageError& e) {
+    msg = e.what();
+    EXPECT_EQ(e.exit_code(), 2);
+  }
+  EXPECT_NE(msg.find("/nonexistent/cohort.toml"), std::string::npos) << msg;
+}
+
+struct BadValue {
+  std::vector<std::string> args;
+  std::string key;
+  std::string value;
+};
+
+class ConfigValidation : public ::testing::TestWithParam<BadValue> {};
+
+TEST_P(ConfigValidation, NamesKeyAndValue) {
+  const BadValue& bad = GetParam();
+  Config cfg = parse(bad.args);
+  try {
+    validate(cfg);
+    FAIL() << "accepted " << bad.key << " = " << bad.value;
+  } catch (const ConfigError& e) {
+    std::string msg = e.what();
+    EXPECT_EQ(e.exit_code(), 2);
+    EXPECT_NE(msg.find(bad.key), std::string::npos) << msg;
+    EXPECT_NE(msg.find(bad.value), std::string::npos) << msg;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    OutOfRange, ConfigValidation,
+    ::testing::Values(BadValue{{"--optim.lr", "-0.1"}, "optim.lr", "-0.1"},
+                      BadValue{{"--optim.lr", "0"}, "optim.lr", "0"},
+                      BadValue{{"--data.global-batch", "0"}, "data.global-batch", "0"},
+                      BadValue{{"--train.max-steps", "0"}, "train.max-steps", "0"},
+                      BadValue{{"--train.epochs", "0"}, "train.epochs", "0"},
+                      BadValue{{"--optim.accum-steps", "0"}, "optim.accum-steps", "0"},
+                      BadValue{{"--optim.accum-steps", "9", "--data.global-batch", "8"}, "optim.accum-steps", "9"},
+                      BadValue{{"--optim.name", "adam"}, "optim.name", "adam"},
+                      BadValue{{"--optim.schedule", "step"}, "optim.schedule", "step"},
+                      BadValue{{"--optim.warmup-ratio", "1.5"}, "optim.warmup-ratio", "1.5"},
+                      BadValue{{"--model.dropout", "1"}, "model.dropout", "1"},
+                      BadValue{{"--dist.timeout", "-5"}, "dist.timeout", "-5"},
+                      BadValue{{"--train.precision", "fp8"}, "train.precision", "fp8"},
+                      BadValue{{"--log.every-steps", "0"}, "log.every-steps", "0"}),
+    [](const ::testing::TestParamInfo<BadValue>& info) {
+      std::string name = std::to_string(info.index) + "_" + info.param.key;
+      for (char& c : name) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+      return name;
+    });
+
+TEST(Config, ResolvedTomlRoundTrips) {
+  CLI::App app;
+  Config cfg;
+  ConfigBinding binding(app, cfg);
+  std::vector<std::string> args = {"0.003", "--optim.lr", "a \"quoted\" path", "--data.path", "--data.drop-last", "123", "--train.seed"};
+  app.parse(args);
+  std::string toml = binding.to_toml();
+
+  TempDir tmp;
+  write_file(tmp / "resolved.toml", toml);
+  Config back = parse({}, tmp / "resolved.toml");
+  EXPECT_DOUBLE_EQ(back.optim.lr, 0.003);
+  EXPECT_EQ(back.data.path, "a \"quoted\" path");
+  EXPECT_TRUE(back.data.drop_last);
+  EXPECT_EQ(back.train.seed, 123u);
+
+  CLI::App app2;
+  Config cfg2;
+  ConfigBinding binding2(app2, cfg2);
+  app2.parse(std::vector<std::string>{});
+  binding2.apply_file(tmp / "resolved.toml");
+  EXPECT_EQ(binding2.to_toml(), toml);
+}
+
+TEST(Config, EveryKeyIsSectionDotName) {
+  CLI::App app;
+  Config cfg;
+  ConfigBinding binding(app, cfg);
+  auto keys = binding.keys();
+  for (const char* fixed : {"train.max-steps", "train.seed", "train.epochs", "data.global-batch", "data.workers",
+                            "optim.name", "optim.lr", "optim.accum-steps", "eval.every-steps", "log.every-steps",
+                            "ckpt.every-steps", "ckpt.keep", "dist.timeout", "dist.bucket-cap-mb", "model.name"}) {
+    EXPECT_NE(std::find(keys.begin(), keys.end(), fixed), keys.end()) << fixed;
+  }
+}

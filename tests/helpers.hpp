@@ -1,0 +1,75 @@
+// Shared test helpers: temp dirs, files, running the cohort binary.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace cohort::test {
+
+// A fresh directory under the system temp dir, removed on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "cohort-test-XXXXXX").string();
+    path_ = mkdtemp(tmpl.data()) ? tmpl : throw std::runtime_error("mkdtemp failed");
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+inline void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out << bytes;
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+inline std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream is(text);
+  for (std::string line; std::getline(is, line);) out.push_back(line);
+  return out;
+}
+
+struct Result {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs `build/cohort ARGS` through the shell; captures stdout, stderr, exit code.
+inline Result run_cohort(const std::string& args) {
+  TempDir tmp;
+  std::string cmd = std::string(COHORT_BIN) + " " + args + " >" + (tmp / "out") + " 2>" + (tmp / "err");
+  int status = std::system(cmd.c_str());
+  Result r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = read_file(tmp / "out");
+  r.err = read_file(tmp / "err");
+  return r;
+}
+
+inline bool have_fashion_mnist() {
+  return std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
+}
+
+}  // namespace cohort::test
