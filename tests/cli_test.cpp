@@ -124,3 +124,14 @@ TEST(Cli, TrainsOnATinyDatasetAndResolvesTheConfig) {
                         "already holds a run");
   EXPECT_EQ(cohort::test::read_file(tmp / "run/config.toml"), resolved);
 }
+
+TEST(Cli, ReadmeDocumentsEveryKey) {
+  std::string readme = cohort::test::read_file(std::string(COHORT_SOURCE_DIR) + "/README.md");
+  ASSERT_FALSE(readme.empty());
+  CLI::App app;
+  cohort::Config cfg;
+  cohort::ConfigBinding binding(app, cfg);
+  for (const auto& key : binding.keys()) {
+    EXPECT_NE(readme.find("| `" + key + "`"), std::string::npos) << key << " is missing from README's config reference";
+  }
+}
