@@ -2,6 +2,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/core/error.hpp"
+#include "cohort/dist/comm.hpp"
 #include "cohort/train/trainer.hpp"
 #include "helpers.hpp"
 
@@ -27,7 +28,8 @@ RunSummary train(const Config& cfg, const std::string& dir) {
   run.out_dir = dir;
   run.quiet = true;
   run.config_toml = "# test\n";
-  return Trainer(cfg, World{}, run).run();
+  auto comm = Comm::single();
+  return Trainer(cfg, *comm, run).run();
 }
 
 double mean(const std::vector<double>& v, size_t begin, size_t end) {

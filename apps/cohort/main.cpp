@@ -9,7 +9,9 @@
 
 #include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
-#include "cohort/train/runtime.hpp"
+#include "cohort/dist/comm.hpp"
+#include "cohort/dist/rendezvous.hpp"
+#include "cohort/launch/launcher.hpp"
 #include "cohort/train/trainer.hpp"
 
 namespace {
@@ -42,6 +44,30 @@ int main(int argc, char** argv) {
   train->add_flag("--overwrite", run.overwrite, "replace a run already in --out");
   train->add_flag("--quiet", run.quiet, "no console progress lines");
 
+  // Per-node launch flags: not config keys, since they differ between nodes.
+  // HetSeq's spellings are accepted as aliases.
+  LaunchOptions launch;
+  CommOptions comm_opts;
+  const std::string dist_group = "Distributed (per node; HetSeq spellings accepted)";
+  train->add_option("--nproc-per-node,--distributed-gpus", launch.nproc_per_node,
+                    "ranks to start on this node (one per GPU, or CPU ranks)")
+      ->capture_default_str()->group(dist_group);
+  train->add_option("--nnodes", launch.nnodes, "nodes in the job")->capture_default_str()->group(dist_group);
+  train->add_option("--node-rank", launch.node_rank, "this node's index, 0..nnodes-1")
+      ->capture_default_str()->group(dist_group);
+  train->add_option("--init-method,--distributed-init-method", launch.init_method,
+                    "rendezvous: tcp://HOST:PORT | file:///shared/path | env://; "
+                    "default: SLURM/Open MPI/env:// variables, else a private store on one node")
+      ->group(dist_group);
+  train->add_option("--distributed-world-size", launch.world_size, "total ranks over all nodes (HetSeq)")
+      ->group(dist_group);
+  train->add_option("--distributed-rank", launch.first_rank, "first global rank on this node (HetSeq)")
+      ->group(dist_group);
+  train->add_option("--dist.secret", comm_opts.secret, "shared secret every process of the job must know")
+      ->envname("COHORT_SECRET")->group(dist_group);
+  train->add_option("--dist.iface", comm_opts.iface, "network interface for collectives (default: the one "
+                    "that reaches the master)")->envname("GLOO_SOCKET_IFNAME")->group(dist_group);
+
   if (argc > 1 && argv[1][0] != '-') {
     std::string known;
     bool found = false;
@@ -64,21 +90,33 @@ int main(int argc, char** argv) {
     return fail(std::string(e.what()) + " (see 'cohort --help')", 2);
   }
 
+  // In a multi-rank job, errors that do not already say which rank they are
+  // from get "rank N: " in front.
+  std::string who;
   try {
     if (train->parsed()) {
       if (!config_path.empty()) binding.apply_file(config_path);
       validate(cfg);
       run.config_toml = binding.to_toml();
-      World world;
-      world.device = resolve_device(cfg.train.device, world.local_rank);
-      Trainer(cfg, world, run).run();
+      Env env = process_env();
+      if (!env.count("COHORT_RANK") && wants_launcher(launch)) {
+        launch.timeout_s = cfg.dist.timeout;
+        return launch_node(launch, std::vector<std::string>(argv, argv + argc));
+      }
+      comm_opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout * 1000));
+      comm_opts.device = cfg.train.device;
+      auto spec = detect_rank_spec(env, launch.init_method);
+      std::unique_ptr<Comm> comm = spec ? Comm::connect(*spec, comm_opts) : Comm::single(cfg.train.device);
+      if (comm->size() > 1) who = "rank " + std::to_string(comm->rank()) + ": ";
+      Trainer(cfg, *comm, run).run();
     }
     return 0;
   } catch (const Error& e) {
-    return fail(e.what(), e.exit_code());
+    std::string msg = e.what();
+    return fail(msg.rfind("rank ", 0) == 0 ? msg : who + msg, e.exit_code());
   } catch (const c10::Error& e) {
-    return fail(e.what_without_backtrace(), 1);
+    return fail(who + e.what_without_backtrace(), 1);
   } catch (const std::exception& e) {
-    return fail(e.what(), 1);
+    return fail(who + e.what(), 1);
   }
 }

@@ -6,6 +6,8 @@
 
 #include <c10/core/Device.h>
 
+#include <string>
+
 namespace cohort {
 
 struct World {
@@ -18,5 +20,9 @@ struct World {
 
   bool is_main() const { return rank == 0; }
 };
+
+// train.device "auto" | "cpu" | "cuda" -> the device for this local rank:
+// GPU `local_rank` when CUDA is present (auto) or asked for, else the CPU.
+c10::Device resolve_device(const std::string& name, int local_rank);
 
 }  // namespace cohort

@@ -8,8 +8,8 @@
 
 namespace cohort {
 
+class Comm;
 class Task;
-struct World;
 
 struct EvalRun {
   int64_t batch = 512;        // samples per forward, per rank
@@ -17,9 +17,9 @@ struct EvalRun {
 };
 
 // Runs `task` over this rank's shard of `data` (contiguous, no padding, no
-// duplicates) in eval mode without gradients, and returns metric sums and
-// counts. Summing the tallies of all ranks gives the same totals for every
-// world size. Throws DataError when `data` is empty.
-Tally evaluate(Task& task, const Dataset& data, const World& world, const EvalRun& run);
+// duplicates) in eval mode without gradients, then sums the metric tallies of
+// all ranks: the result is the same for every world size. Collective: every
+// rank calls it. Throws DataError when `data` is empty.
+Tally evaluate(Task& task, const Dataset& data, Comm& comm, const EvalRun& run);
 
 }  // namespace cohort

@@ -2,7 +2,6 @@
 
 #include <malloc.h>
 #include <sched.h>
-#include <torch/cuda.h>
 #include <torch/utils.h>
 
 #include <algorithm>
@@ -18,16 +17,6 @@ int available_cores() {
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
   return 1;
-}
-
-c10::Device resolve_device(const std::string& name, int local_rank) {
-  bool cuda = torch::cuda::is_available();
-  if (name == "cpu" || (name == "auto" && !cuda)) return c10::Device(c10::kCPU);
-  COHORT_CHECK(cuda, ConfigError, "train.device is 'cuda' but this libtorch has no CUDA or no GPU is visible");
-  int count = static_cast<int>(torch::cuda::device_count());
-  COHORT_CHECK(local_rank < count, ConfigError, "local rank ", local_rank, " needs GPU ", local_rank,
-               " but this node has ", count, " GPU(s); start fewer ranks on this node");
-  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
 }
 
 Runtime setup_runtime(const TrainOptions& opts, const World& world) {

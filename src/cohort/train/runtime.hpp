@@ -1,4 +1,4 @@
-// defines: available_cores, resolve_device, setup_runtime
+// defines: available_cores, setup_runtime
 //
 // Process-wide set-up, done once at start, before any tensor work:
 // intra-op threads, malloc tuning and RNG seeds.
@@ -16,9 +16,6 @@ struct World;
 
 // Cores this process may run on (its CPU affinity mask, not the machine).
 int available_cores();
-
-// train.device "auto" | "cpu" | "cuda" -> the device for this local rank.
-c10::Device resolve_device(const std::string& name, int local_rank);
 
 struct Runtime {
   int threads = 1;

@@ -38,6 +38,12 @@ std::unique_ptr<Task> make_task(const Config& cfg, const World& world) {
   return it->second(cfg, world);
 }
 
+Tally Task::empty_tally() const {
+  Tally t;
+  for (const auto& name : metric_names()) t.add(name, 0, 0);
+  return t;
+}
+
 Example to_device(const Example& batch, const c10::Device& device) {
   Example out;
   for (const auto& [name, t] : batch) out[name] = t.to(device, /*non_blocking=*/true);

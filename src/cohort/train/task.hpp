@@ -41,6 +41,12 @@ class Task {
   virtual int64_t count_units(const Example& batch) const = 0;
   // What `units` counts, for throughput lines ("images", "tokens").
   virtual std::string unit_name() const = 0;
+  // Every metric forward() tallies. Ranks with no samples still report them
+  // (as zero sums and counts), so all ranks reduce the same layout.
+  virtual std::vector<std::string> metric_names() const = 0;
+
+  // An empty tally holding every metric name.
+  Tally empty_tally() const;
 };
 
 // Builds train.task on world.device. Throws ConfigError for an unknown name.

@@ -11,6 +11,8 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/data/loader.hpp"
+#include "cohort/dist/comm.hpp"
+#include "cohort/dist/grad_sync.hpp"
 #include "cohort/obs/metrics_log.hpp"
 #include "cohort/train/evaluate.hpp"
 #include "cohort/train/optim.hpp"
@@ -71,6 +73,7 @@ void prepare_run_dir(const RunOptions& run) {
 
 struct Trainer::State {
   Config cfg;
+  Comm* comm = nullptr;
   World world;
   RunOptions run;
   Runtime runtime;
@@ -109,15 +112,17 @@ void Trainer::State::say(const char* fmt, ...) const {
   std::fflush(stdout);
 }
 
-Trainer::Trainer(Config cfg, World world, RunOptions run) : s_(std::make_unique<State>()) {
+Trainer::Trainer(Config cfg, Comm& comm, RunOptions run) : s_(std::make_unique<State>()) {
   State& s = *s_;
   s.cfg = std::move(cfg);
-  s.world = std::move(world);
+  s.comm = &comm;
+  s.world = comm.world();
   s.run = std::move(run);
   validate(s.cfg);
   s.runtime = setup_runtime(s.cfg.train, s.world);
 
   s.task = make_task(s.cfg, s.world);
+  broadcast_module(comm, *s.task->module());
   s.eval_data = s.task->eval_set(s.cfg.eval.split);
   const Dataset& train = s.task->train_set();
   s.order = std::make_unique<GlobalOrder>(train.size(), s.cfg.data.global_batch, s.cfg.train.seed,
@@ -162,12 +167,13 @@ double Trainer::State::train_step(const StepBatch& batch) {
   auto& module = *task->module();
   module.train();
   optimizer->zero_grad();
-  int64_t global_units = 0;
+  double local_units = 0;
   for (const auto& micro : batch.micro) {
-    if (!micro.empty()) global_units += task->count_units(micro);
+    if (!micro.empty()) local_units += static_cast<double>(task->count_units(micro));
   }
+  double global_units = comm->all_reduce_sum(std::vector<double>{local_units}, "unit count")[0];
   COHORT_CHECK(global_units > 0, Error, "step ", step, ": the global batch has no units to train on");
-  Tally step_tally;
+  Tally step_tally = task->empty_tally();
   for (const auto& micro : batch.micro) {
     if (micro.empty()) continue;
     TaskOutput out;
@@ -175,10 +181,12 @@ double Trainer::State::train_step(const StepBatch& batch) {
       AutocastScope autocast(cfg.train.precision == "bf16");
       out = task->forward(to_device(micro, world.device));
     }
-    (out.loss_sum / static_cast<double>(global_units)).backward();
+    (out.loss_sum / global_units).backward();
     step_tally.merge(out.tally);
-    interval_units += out.units;
   }
+  all_reduce_gradients(*comm, module);
+  step_tally.unflatten(comm->all_reduce_sum(step_tally.flatten(), "step metrics"));
+  interval_units += static_cast<int64_t>(global_units);
   double loss = step_tally.mean("loss");
   COHORT_CHECK(std::isfinite(loss), Error, "step ", step, ": training loss is ", loss,
                "; lower optim.lr or enable optim.clip-norm");
@@ -213,7 +221,7 @@ void Trainer::State::log_train(int64_t epoch) {
 
 void Trainer::State::run_eval() {
   auto t0 = Clock::now();
-  Tally tally = evaluate(*task, *eval_data, world, {cfg.eval.batch, cfg.eval.max_samples});
+  Tally tally = evaluate(*task, *eval_data, *comm, {cfg.eval.batch, cfg.eval.max_samples});
   nlohmann::json line = {{"kind", "eval"}, {"step", step}, {"split", cfg.eval.split},
                          {"count", static_cast<int64_t>(tally.count("loss"))}};
   std::string text;
@@ -241,7 +249,10 @@ RunSummary Trainer::run() {
     s.cursor = batch.next;
     bool epoch_end = batch.next.epoch != batch.cursor.epoch;
     bool last = s.step == s.total_steps;
-    if (s.due(s.cfg.log.every_steps) || last) s.log_train(batch.cursor.epoch);
+    if (s.due(s.cfg.log.every_steps) || last) {
+      s.comm->agree({s.step, s.cursor.epoch, s.cursor.consumed}, {"step", "epoch", "cursor"}, "the step check");
+      s.log_train(batch.cursor.epoch);
+    }
     if (s.due(s.cfg.eval.every_steps) || (s.cfg.eval.every_steps == 0 && epoch_end) || last) {
       if (last_eval != s.step) s.run_eval();
       last_eval = s.step;

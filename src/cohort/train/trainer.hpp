@@ -7,9 +7,10 @@
 #include <vector>
 
 #include "cohort/config/config.hpp"
-#include "cohort/dist/world.hpp"
 
 namespace cohort {
+
+class Comm;
 
 struct RunOptions {
   std::string out_dir;       // RUN_DIR
@@ -26,12 +27,13 @@ struct RunSummary {
   double seconds = 0;
 };
 
-// Runs a training job for this rank. Cross-rank contract (for data-parallel
-// runs): every rank constructs the Trainer with the same Config and calls
-// run(); steps, evaluations and collectives happen in the same order on all.
+// Runs a training job for this rank. Cross-rank contract: every rank
+// constructs the Trainer with the same Config and calls run(); steps,
+// evaluations and collectives happen in the same order on all ranks, and
+// every few steps the ranks check that they agree on step and cursor.
 class Trainer {
  public:
-  Trainer(Config cfg, World world, RunOptions run);
+  Trainer(Config cfg, Comm& comm, RunOptions run);
   ~Trainer();
   RunSummary run();
 

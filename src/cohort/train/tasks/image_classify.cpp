@@ -25,6 +25,7 @@ class ImageClassifyTask : public Task {
   std::shared_ptr<torch::nn::Module> module() override { return model_.module; }
   const Dataset& train_set() const override { return *train_; }
   std::string unit_name() const override { return "images"; }
+  std::vector<std::string> metric_names() const override { return {"accuracy", "loss"}; }
 
   std::shared_ptr<const Dataset> eval_set(const std::string& split) const override {
     if (split == "train") return train_;

@@ -1,0 +1,298 @@
+#include "cohort/dist/comm.hpp"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "cohort/core/error.hpp"
+#include "cohort/core/sha256.hpp"
+
+namespace cohort {
+
+namespace {
+
+using std::chrono::milliseconds;
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string one_line(std::string s) {
+  auto nl = s.find('\n');
+  if (nl != std::string::npos) s.resize(nl);
+  return s;
+}
+
+std::string to_string(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+std::vector<uint8_t> to_bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
+// The local address this host uses to reach host:port, so that Gloo binds to
+// the interface that can actually talk to the other ranks (in a network
+// namespace the machine's hostname may resolve elsewhere).
+std::string local_address_towards(const std::string& host, int port) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res) return "";
+  std::string out;
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof local;
+    char buf[INET_ADDRSTRLEN];
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+        inet_ntop(AF_INET, &local.sin_addr, buf, sizeof buf)) {
+      out = buf;
+    }
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(res);
+  return out;
+}
+
+}  // namespace
+
+struct Comm::Impl {
+  RankSpec spec;
+  CommOptions opts;
+  c10::intrusive_ptr<c10d::Store> store;  // prefixed by the job's secret
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+
+  std::thread heartbeat;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+
+  ~Impl() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    if (heartbeat.joinable()) heartbeat.join();
+  }
+
+  void beat() {
+    std::unique_lock<std::mutex> lock(mu);
+    while (!stop) {
+      try {
+        store->set("hb/" + std::to_string(spec.rank), to_bytes(std::to_string(now_ms())));
+      } catch (const std::exception&) {
+        // The store's host is gone; the next collective reports it.
+      }
+      cv.wait_for(lock, opts.heartbeat, [&] { return stop; });
+    }
+  }
+
+  // Names the ranks whose heartbeat stopped, after giving a just-failed peer
+  // time to miss a beat.
+  std::string diagnose(const char* what, const std::string& cause) {
+    std::this_thread::sleep_for(opts.heartbeat * 3);
+    std::string stale;
+    try {
+      int64_t now = now_ms();
+      for (int r = 0; r < spec.world_size; ++r) {
+        if (r == spec.rank) continue;
+        std::string key = "hb/" + std::to_string(r);
+        int64_t last = store->check({key}) ? std::stoll(to_string(store->get(key))) : 0;
+        int64_t age = now - last;
+        if (age > 3 * opts.heartbeat.count()) {
+          stale += detail::cat(stale.empty() ? "" : ", ", "rank ", r,
+                               last ? detail::cat(" (silent for ", age / 1000.0, " s)") : " (never seen)");
+        }
+      }
+    } catch (const std::exception&) {
+      return detail::cat("rank ", spec.rank, ": ", what, " failed and the rendezvous store at ", spec.init.text,
+                         " is unreachable: the process hosting it (rank 0 or node 0's launcher) is likely dead. "
+                         "Cause: ", one_line(cause));
+    }
+    if (!stale.empty()) {
+      return detail::cat("rank ", spec.rank, ": ", what, " failed: ", stale,
+                         " stopped responding (dead or stalled). Cause: ", one_line(cause));
+    }
+    return detail::cat("rank ", spec.rank, ": ", what, " failed within dist.timeout ", opts.timeout.count() / 1000.0,
+                       " s; every rank still beats, so one is likely stuck or diverged. Cause: ", one_line(cause));
+  }
+
+  void wait(const char* what, const c10::intrusive_ptr<c10d::Work>& work) {
+    try {
+      work->wait(opts.timeout);
+    } catch (const std::exception& e) {
+      throw DistError(diagnose(what, e.what()));
+    }
+  }
+};
+
+Comm::Comm() = default;
+Comm::~Comm() = default;
+
+std::unique_ptr<Comm> Comm::single(const std::string& device) {
+  std::unique_ptr<Comm> c(new Comm());
+  c->world_.device = resolve_device(device, 0);
+  return c;
+}
+
+std::unique_ptr<Comm> Comm::connect(const RankSpec& spec, const CommOptions& opts) {
+  if (spec.world_size == 1) return single(opts.device);
+  std::unique_ptr<Comm> c(new Comm());
+  c->world_.rank = spec.rank;
+  c->world_.world_size = spec.world_size;
+  c->world_.local_rank = spec.local_rank;
+  c->world_.local_world_size = spec.local_world_size;
+  c->world_.node_rank = spec.node_rank;
+  c->world_.device = resolve_device(opts.device, spec.local_rank);
+  COHORT_CHECK(c->world_.device.is_cpu(), DistError,
+               "multi-rank CUDA needs NCCL, which this libtorch does not have; run with --train.device cpu");
+
+  auto impl = std::make_unique<Impl>();
+  impl->spec = spec;
+  impl->opts = opts;
+  const std::string where = spec.init.text;
+
+  c10::intrusive_ptr<c10d::Store> base;
+  try {
+    if (spec.init.kind == InitMethod::Kind::kTcp) {
+      c10d::TCPStoreOptions so;
+      so.port = static_cast<uint16_t>(spec.init.port);
+      so.isServer = spec.host_store;
+      so.waitWorkers = false;
+      so.timeout = opts.timeout;
+      base = c10::make_intrusive<c10d::TCPStore>(spec.init.host, so);
+    } else if (spec.init.kind == InitMethod::Kind::kFile) {
+      base = c10::make_intrusive<c10d::FileStore>(spec.init.path, spec.world_size);
+      base->setTimeout(opts.timeout);
+    } else {
+      throw UsageError(detail::cat("rank ", spec.rank, ": no rendezvous address; pass --init-method tcp://HOST:PORT"));
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    std::string why = one_line(e.what());
+    if (spec.host_store) {
+      throw DistError(detail::cat("rank ", spec.rank, ": cannot host the rendezvous store at ", where, ": ", why,
+                                  ". Is the port in use by another job? Pick another port."));
+    }
+    throw DistError(detail::cat("rank ", spec.rank, ": cannot reach the rendezvous store at ", where, " within ",
+                                opts.timeout.count() / 1000.0, " s: ", why));
+  }
+
+  // The secret: rank 0 publishes a proof of it; everyone else compares. All
+  // job keys then live under a prefix derived from it, so a process without
+  // the secret can neither join nor overwrite the job's keys.
+  try {
+    std::string proof = sha256_hex("cohort-proof:" + opts.secret);
+    if (spec.rank == 0) base->set("cohort/proof", to_bytes(proof));
+    base->wait({"cohort/proof"}, opts.timeout);
+    COHORT_CHECK(to_string(base->get("cohort/proof")) == proof, DistError, "rank ", spec.rank,
+                 ": refused by the job at ", where,
+                 ": its secret differs from ours. Set the same --dist.secret or COHORT_SECRET on every node.");
+    impl->store = c10::make_intrusive<c10d::PrefixStore>("cohort/" + sha256_hex(opts.secret).substr(0, 16), base);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw DistError(detail::cat("rank ", spec.rank, ": rendezvous at ", where, " did not complete within ",
+                                opts.timeout.count() / 1000.0, " s: ", one_line(e.what())));
+  }
+
+  try {
+    auto go = c10d::ProcessGroupGloo::Options::create(opts.timeout);
+    std::string iface = opts.iface;
+    if (!iface.empty()) {
+      go->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(iface));
+    } else {
+      std::string addr = spec.init.kind == InitMethod::Kind::kTcp
+                             ? local_address_towards(spec.init.host, spec.init.port) : "";
+      go->devices.push_back(addr.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
+                                         : c10d::ProcessGroupGloo::createDeviceForHostname(addr));
+    }
+    go->threads = 2;
+    impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, spec.rank, spec.world_size, go);
+  } catch (const std::exception& e) {
+    throw DistError(detail::cat("rank ", spec.rank, ": could not form the process group of ", spec.world_size,
+                                " ranks through ", where, " within ", opts.timeout.count() / 1000.0,
+                                " s: ", one_line(e.what())));
+  }
+  c->impl_ = std::move(impl);
+  Impl* raw = c->impl_.get();
+  raw->heartbeat = std::thread([raw] { raw->beat(); });
+  return c;
+}
+
+void Comm::all_reduce_sum(torch::Tensor& t, const char* what) {
+  if (!impl_) return;
+  std::vector<torch::Tensor> v{t};
+  impl_->wait(what, impl_->pg->allreduce(v));
+}
+
+std::vector<double> Comm::all_reduce_sum(const std::vector<double>& values, const char* what) {
+  if (!impl_ || values.empty()) return values;
+  auto t = torch::tensor(values, torch::kFloat64);
+  all_reduce_sum(t, what);
+  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+}
+
+void Comm::broadcast(torch::Tensor& t, int root, const char* what) {
+  if (!impl_) return;
+  std::vector<torch::Tensor> v{t};
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  impl_->wait(what, impl_->pg->broadcast(v, o));
+}
+
+std::vector<torch::Tensor> Comm::all_gather(const torch::Tensor& t, const char* what) {
+  if (!impl_) return {t};
+  // Sizes first, then pad every tensor to the longest and trim afterwards.
+  auto sizes = all_gather_fixed(torch::tensor({t.dim() ? t.size(0) : 1}, torch::kInt64), what);
+  int64_t longest = 0;
+  for (auto& s : sizes) longest = std::max(longest, s.item<int64_t>());
+  torch::Tensor flat = t.dim() ? t : t.reshape({1});
+  std::vector<int64_t> shape{longest};
+  for (int64_t d = 1; d < flat.dim(); ++d) shape.push_back(flat.size(d));
+  auto padded = torch::zeros(shape, t.options());
+  if (flat.size(0) > 0) padded.narrow(0, 0, flat.size(0)).copy_(flat);
+  auto parts = all_gather_fixed(padded, what);
+  for (size_t r = 0; r < parts.size(); ++r) parts[r] = parts[r].narrow(0, 0, sizes[r].item<int64_t>());
+  return parts;
+}
+
+std::vector<torch::Tensor> Comm::all_gather_fixed(const torch::Tensor& t, const char* what) {
+  std::vector<std::vector<torch::Tensor>> out(1);
+  for (int r = 0; r < size(); ++r) out[0].push_back(torch::empty_like(t));
+  std::vector<torch::Tensor> in{t.contiguous()};
+  impl_->wait(what, impl_->pg->allgather(out, in));
+  return out[0];
+}
+
+void Comm::barrier(const char* what) {
+  if (!impl_) return;
+  impl_->wait(what, impl_->pg->barrier());
+}
+
+void Comm::agree(const std::vector<int64_t>& values, const std::vector<std::string>& names, const char* what) {
+  COHORT_CHECK(values.size() == names.size(), Error, "agree: ", values.size(), " values for ", names.size(), " names");
+  if (!impl_) return;
+  auto parts = all_gather_fixed(torch::tensor(values, torch::kInt64), what);
+  std::string diff;
+  for (int r = 1; r < size(); ++r) {
+    for (size_t i = 0; i < values.size(); ++i) {
+      int64_t theirs = parts[r][i].item<int64_t>(), base = parts[0][i].item<int64_t>();
+      if (theirs != base) {
+        diff += detail::cat(diff.empty() ? "" : "; ", "rank ", r, " has ", names[i], " ", theirs, " but rank 0 has ", base);
+      }
+    }
+  }
+  COHORT_CHECK(diff.empty(), DistError, "ranks diverged at ", what, ": ", diff);
+}
+
+}  // namespace cohort

@@ -1,0 +1,69 @@
+// defines: CommOptions, Comm
+//
+// The job's communicator: a c10d store for rendezvous plus a Gloo process
+// group for collectives. A world of one needs neither and makes every
+// collective a no-op, so single-process code takes the same path.
+//
+// Cross-rank contract: every rank calls the collectives of one Comm in the
+// same order, with tensors of the same dtype and (except all_gather) shape.
+// Every collective is bounded by CommOptions::timeout. When one fails, the
+// error names the ranks whose heartbeats stopped (dead or stalled) or, for
+// agree(), the ranks whose values differ.
+#pragma once
+
+#include <torch/types.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cohort/dist/rendezvous.hpp"
+#include "cohort/dist/world.hpp"
+
+namespace cohort {
+
+struct CommOptions {
+  std::chrono::milliseconds timeout{300000};
+  std::string secret;   // shared by every process of the job; "" is a valid secret
+  std::string iface;    // network interface for Gloo; "" picks one from the master address
+  std::chrono::milliseconds heartbeat{1000};
+  std::string device = "auto";  // train.device
+};
+
+class Comm {
+ public:
+  // A world of one, without any network.
+  static std::unique_ptr<Comm> single(const std::string& device = "auto");
+  // Joins the job `spec` describes: connects to (or hosts) the store, checks
+  // the secret, creates the process group and starts the heartbeat. Throws
+  // DistError naming the rendezvous address on failure or timeout.
+  static std::unique_ptr<Comm> connect(const RankSpec& spec, const CommOptions& opts);
+  ~Comm();
+
+  const World& world() const { return world_; }
+  int rank() const { return world_.rank; }
+  int size() const { return world_.world_size; }
+
+  // In place. All ranks get the element-wise sum.
+  void all_reduce_sum(torch::Tensor& t, const char* what = "all_reduce");
+  std::vector<double> all_reduce_sum(const std::vector<double>& values, const char* what = "all_reduce");
+  // In place. Every rank gets root's tensor.
+  void broadcast(torch::Tensor& t, int root = 0, const char* what = "broadcast");
+  // Every rank's tensor, in rank order. First dimensions may differ.
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& t, const char* what = "all_gather");
+  void barrier(const char* what = "barrier");
+  // Checks that every rank holds the same `values`; throws DistError naming
+  // each disagreeing rank, the field and both values.
+  void agree(const std::vector<int64_t>& values, const std::vector<std::string>& names, const char* what);
+
+  struct Impl;
+
+ private:
+  Comm();
+  std::vector<torch::Tensor> all_gather_fixed(const torch::Tensor& t, const char* what);
+  World world_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cohort

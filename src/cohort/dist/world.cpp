@@ -1,0 +1,19 @@
+#include "cohort/dist/world.hpp"
+
+#include <torch/cuda.h>
+
+#include "cohort/core/error.hpp"
+
+namespace cohort {
+
+c10::Device resolve_device(const std::string& name, int local_rank) {
+  bool cuda = torch::cuda::is_available();
+  if (name == "cpu" || (name == "auto" && !cuda)) return c10::Device(c10::kCPU);
+  COHORT_CHECK(cuda, ConfigError, "train.device is 'cuda' but this libtorch has no CUDA or no GPU is visible");
+  int count = static_cast<int>(torch::cuda::device_count());
+  COHORT_CHECK(local_rank < count, ConfigError, "local rank ", local_rank, " needs GPU ", local_rank,
+               " but this node has ", count, " GPU(s); start fewer ranks on this node");
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+}
+
+}  // namespace cohort

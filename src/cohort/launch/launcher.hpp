@@ -1,0 +1,36 @@
+// defines: LaunchOptions, launch_node
+//
+// One command per node. The launcher resolves this node's global ranks
+// (contiguous ranges in node-rank order, or HetSeq's explicit first rank),
+// hosts the rendezvous store on node 0, starts one worker per local rank by
+// re-executing this binary with COHORT_* variables, and supervises them:
+// SIGINT/SIGTERM are forwarded; when a worker exits non-zero or is killed the
+// others are stopped (SIGTERM, then SIGKILL after a grace period) and the
+// launcher exits non-zero naming the rank and the cause. Workers die with the
+// launcher (PR_SET_PDEATHSIG), so nothing is left behind.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace cohort {
+
+struct LaunchOptions {
+  int nproc_per_node = 1;    // ranks on this node
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string init_method;   // "" on one node: a private store on 127.0.0.1
+  int world_size = 0;        // HetSeq --distributed-world-size; 0: sum over nodes
+  int first_rank = -1;       // HetSeq --distributed-rank: first global rank here
+  double timeout_s = 300;    // rendezvous of the nodes
+  double grace_s = 10;       // SIGTERM -> SIGKILL for stopping workers
+};
+
+// True when these options ask for a launcher rather than a single process.
+bool wants_launcher(const LaunchOptions& opts);
+
+// Runs this node's workers to completion; returns the exit code for main.
+// Throws UsageError/DistError before any worker starts.
+int launch_node(const LaunchOptions& opts, const std::vector<std::string>& argv);
+
+}  // namespace cohort
