@@ -24,21 +24,6 @@ void expect_one_error_line(const Result& r, int code, const std::string& needle)
   EXPECT_NE(lines[0].find(needle), std::string::npos) << lines[0];
 }
 
-// A tiny but valid IDX dataset: 8 images of 8x8, labels 0..3.
-void write_dataset(const TempDir& dir) {
-  auto idx = [](std::vector<uint32_t> dims, size_t n, int mod) {
-    std::string s = {0, 0, 8, static_cast<char>(dims.size())};
-    for (uint32_t d : dims)
-      for (int shift : {24, 16, 8, 0}) s += static_cast<char>((d >> shift) & 0xFF);
-    for (size_t i = 0; i < n; ++i) s += static_cast<char>(i % mod);
-    return s;
-  };
-  for (const char* p : {"train", "t10k"}) {
-    write_file(dir / (std::string(p) + "-images-idx3-ubyte"), idx({8, 8, 8}, 512, 251));
-    write_file(dir / (std::string(p) + "-labels-idx1-ubyte"), idx({8}, 8, 4));
-  }
-}
-
 }  // namespace
 
 TEST(Cli, HelpListsEveryKeyWithItsDefault) {
@@ -83,7 +68,7 @@ TEST(Cli, BadDataExitsOneNamingTheFile) {
   std::string base = "train --out " + (tmp / "r") + " --overwrite --data.path " + tmp.path();
   expect_one_error_line(run_cohort(base), 1, "train-images-idx3-ubyte");
 
-  write_dataset(tmp);
+  cohort::test::write_tiny_dataset(tmp);
   std::string images = tmp / "train-images-idx3-ubyte";
   std::string good = cohort::test::read_file(images);
   write_file(images, good.substr(0, good.size() - 100));
@@ -99,7 +84,7 @@ TEST(Cli, BadDataExitsOneNamingTheFile) {
 
 TEST(Cli, TrainsOnATinyDatasetAndResolvesTheConfig) {
   TempDir tmp;
-  write_dataset(tmp);
+  cohort::test::write_tiny_dataset(tmp);
   write_file(tmp / "c.toml", "[train]\nmax-steps = 4\n[optim]\nlr = 0.5\n[data]\nglobal-batch = 4\n");
   Result r = run_cohort("train --config " + (tmp / "c.toml") + " --optim.lr 0.01 --model.name mlp --data.path " +
                         tmp.path() + " --out " + (tmp / "run") + " --log.every-steps 1");

@@ -109,6 +109,8 @@ struct BadValue {
   std::string value;
 };
 
+void PrintTo(const BadValue& b, std::ostream* os) { *os << b.key << " = " << b.value; }
+
 class ConfigValidation : public ::testing::TestWithParam<BadValue> {};
 
 TEST_P(ConfigValidation, NamesKeyAndValue) {

@@ -68,6 +68,23 @@ inline Result run_cohort(const std::string& args) {
   return r;
 }
 
+// A tiny but valid IDX image dataset in `dir`: 8 train and 8 test images of
+// 8x8, labels 0..3.
+template <class Dir>
+void write_tiny_dataset(const Dir& dir) {
+  auto idx = [](std::vector<uint32_t> dims, size_t n, int mod) {
+    std::string s = {0, 0, 8, static_cast<char>(dims.size())};
+    for (uint32_t d : dims)
+      for (int shift : {24, 16, 8, 0}) s += static_cast<char>((d >> shift) & 0xFF);
+    for (size_t i = 0; i < n; ++i) s += static_cast<char>(i % mod);
+    return s;
+  };
+  for (const char* p : {"train", "t10k"}) {
+    write_file(dir / (std::string(p) + "-images-idx3-ubyte"), idx({8, 8, 8}, 512, 251));
+    write_file(dir / (std::string(p) + "-labels-idx1-ubyte"), idx({8}, 8, 4));
+  }
+}
+
 inline bool have_fashion_mnist() {
   return std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
 }

@@ -88,6 +88,10 @@ struct Shape {
   int64_t accum;
 };
 
+void PrintTo(const Shape& s, std::ostream* os) {
+  *os << "n=" << s.n << " batch=" << s.global_batch << " world=" << s.world << " accum=" << s.accum;
+}
+
 class Dealing : public ::testing::TestWithParam<Shape> {};
 
 // Several ranks' loaders in one process: each global batch is split into

@@ -201,8 +201,11 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
   }
 
   auto signal_all = [&](int sig) {
-    for (auto& w : workers)
-      if (w.running) kill(w.pid, sig);
+    for (auto& w : workers) {
+      if (!w.running) continue;
+      kill(w.pid, sig);
+      if (sig == SIGTERM) kill(w.pid, SIGCONT);  // a stopped worker must wake to die
+    }
   };
   const Worker* failed = nullptr;
   int interrupted = 0;

@@ -1,0 +1,278 @@
+// The launcher and multi-process jobs, end to end through the cohort binary:
+// world-size independence, fault handling, secrets, and two "hosts" in
+// network namespaces.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <dirent.h>
+#include <thread>
+
+#include "helpers.hpp"
+
+using namespace std::chrono_literals;
+using cohort::test::read_file;
+using cohort::test::run_cohort;
+using cohort::test::TempDir;
+
+namespace {
+
+// A command running in the background: `sh -c "exec CMD >out 2>err"`.
+class Background {
+ public:
+  Background(const std::string& cmd, const TempDir& dir, const std::string& name)
+      : out_(dir / (name + ".out")), err_(dir / (name + ".err")) {
+    std::string full = "exec " + cmd + " >" + out_ + " 2>" + err_;
+    pid_ = fork();
+    if (pid_ == 0) {
+      setpgid(0, 0);
+      execl("/bin/sh", "sh", "-c", full.c_str(), nullptr);
+      _exit(127);
+    }
+  }
+  ~Background() {
+    if (!done_) {
+      kill(-pid_, SIGKILL);
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  // Exit code (128+signal when killed), or -1 if still running after `limit`.
+  int wait(std::chrono::milliseconds limit) {
+    auto end = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < end) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        done_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(50ms);
+    }
+    return -1;
+  }
+  std::string out() const { return read_file(out_); }
+  std::string err() const { return read_file(err_); }
+
+ private:
+  std::string out_, err_;
+  pid_t pid_ = -1;
+  bool done_ = false;
+};
+
+// Children of `parent`, from /proc.
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  DIR* d = opendir("/proc");
+  while (dirent* e = readdir(d)) {
+    pid_t pid = atoi(e->d_name);
+    if (pid <= 0) continue;
+    std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+    auto close_paren = stat.rfind(')');
+    if (close_paren == std::string::npos) continue;
+    int ppid = 0;
+    char state;
+    if (sscanf(stat.c_str() + close_paren + 1, " %c %d", &state, &ppid) == 2 && ppid == parent) out.push_back(pid);
+  }
+  closedir(d);
+  return out;
+}
+
+// The worker of `launcher` whose COHORT_RANK is `rank`.
+pid_t worker_with_rank(pid_t launcher, int rank) {
+  for (pid_t pid : children_of(launcher)) {
+    std::string env = read_file("/proc/" + std::to_string(pid) + "/environ");
+    if (env.find(std::string("COHORT_RANK=") + std::to_string(rank) + '\0') != std::string::npos) return pid;
+  }
+  return -1;
+}
+
+bool alive(pid_t pid) { return kill(pid, 0) == 0; }
+
+// Waits until `path` has at least `lines` lines.
+bool wait_for_lines(const std::string& path, size_t lines, std::chrono::seconds limit) {
+  auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (cohort::test::lines_of(read_file(path)).size() >= lines) return true;
+    std::this_thread::sleep_for(100ms);
+  }
+  return false;
+}
+
+std::vector<double> train_losses(const std::string& metrics) {
+  std::vector<double> out;
+  for (const auto& line : cohort::test::lines_of(read_file(metrics))) {
+    auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "train") out.push_back(j["loss"].get<double>());
+  }
+  return out;
+}
+
+// A long job on the tiny dataset: it runs until something stops it.
+std::string long_job(const TempDir& tmp, const std::string& extra) {
+  cohort::test::write_tiny_dataset(tmp);
+  return std::string(COHORT_BIN) + " train --model.name mlp --model.hidden 8 --data.global-batch 4 --train.max-steps " +
+         "1000000 --log.every-steps 1 --eval.every-steps 1000000 --data.path " + tmp.path() + " --out " +
+         (tmp / "run") + " " + extra;
+}
+
+}  // namespace
+
+// Contract 1: for a fixed seed and global batch, the loss of every step is
+// the same on 1, 2 and 3 ranks (and with accumulation) up to reduction order.
+TEST(Launch, LossDoesNotDependOnWorldSize) {
+  if (!cohort::test::have_fashion_mnist()) GTEST_SKIP() << "SKIPPED: dataset-fashion-mnist is not installed";
+  TempDir tmp;
+  const std::string common = " --model.name mlp --model.hidden 64 --model.dropout 0 --data.global-batch 96 "
+                             "--train.max-steps 12 --log.every-steps 1 --eval.max-samples 300 --quiet";
+  std::vector<std::vector<double>> runs;
+  for (std::string shape : {"--nproc-per-node 1", "--nproc-per-node 2", "--nproc-per-node 3",
+                                   "--nproc-per-node 2 --optim.accum-steps 2"}) {
+    std::string dir = tmp / ("r" + std::to_string(runs.size()));
+    auto r = run_cohort("train " + shape + common + " --out " + dir);
+    ASSERT_EQ(r.code, 0) << shape << ": " << r.err;
+    runs.push_back(train_losses(dir + "/metrics.jsonl"));
+    ASSERT_EQ(runs.back().size(), 12u) << shape;
+  }
+  for (size_t k = 1; k < runs.size(); ++k)
+    for (size_t i = 0; i < runs[0].size(); ++i)
+      EXPECT_NEAR(runs[k][i], runs[0][i], 1e-5 * std::abs(runs[0][i])) << "run " << k << " step " << i;
+}
+
+TEST(Launch, KilledWorkerStopsTheJobAndIsNamed) {
+  TempDir tmp;
+  Background job(long_job(tmp, "--nproc-per-node 3 --dist.timeout 30"), tmp, "job");
+  ASSERT_TRUE(wait_for_lines(tmp / "run/metrics.jsonl", 3, 60s)) << job.err();
+  pid_t victim = worker_with_rank(job.pid(), 1);
+  ASSERT_GT(victim, 0);
+  auto others = children_of(job.pid());
+  auto t0 = std::chrono::steady_clock::now();
+  kill(victim, SIGKILL);
+  int code = job.wait(30s);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 15s);
+  EXPECT_EQ(code, 1) << job.err();
+  std::string err = job.err();
+  EXPECT_NE(err.find("cohort: error: rank 1 "), std::string::npos) << err;
+  EXPECT_NE(err.find("signal 9"), std::string::npos) << err;
+  for (pid_t p : others) EXPECT_FALSE(alive(p)) << "worker " << p << " was left behind";
+}
+
+TEST(Launch, StalledWorkerIsNamedByTheOthers) {
+  TempDir tmp;
+  Background job(long_job(tmp, "--nproc-per-node 2 --dist.timeout 4"), tmp, "job");
+  ASSERT_TRUE(wait_for_lines(tmp / "run/metrics.jsonl", 3, 60s)) << job.err();
+  pid_t victim = worker_with_rank(job.pid(), 1);
+  ASSERT_GT(victim, 0);
+  auto others = children_of(job.pid());
+  auto t0 = std::chrono::steady_clock::now();
+  kill(victim, SIGSTOP);
+  int code = job.wait(40s);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s);
+  EXPECT_EQ(code, 1) << job.err();
+  std::string err = job.err();
+  EXPECT_NE(err.find("cohort: error: rank 0: "), std::string::npos) << err;
+  EXPECT_NE(err.find("rank 1 (silent for"), std::string::npos) << err;
+  for (pid_t p : others) EXPECT_FALSE(alive(p)) << "worker " << p << " was left behind";
+}
+
+TEST(Launch, InterruptStopsEveryWorker) {
+  TempDir tmp;
+  Background job(long_job(tmp, "--nproc-per-node 2"), tmp, "job");
+  ASSERT_TRUE(wait_for_lines(tmp / "run/metrics.jsonl", 2, 60s)) << job.err();
+  auto workers = children_of(job.pid());
+  ASSERT_EQ(workers.size(), 2u);
+  kill(job.pid(), SIGINT);
+  int code = job.wait(20s);
+  EXPECT_EQ(code, 128 + SIGINT) << job.err();
+  EXPECT_NE(job.err().find("interrupted"), std::string::npos) << job.err();
+  for (pid_t p : workers) EXPECT_FALSE(alive(p));
+}
+
+// Two processes started by hand with env:// variables; the second has the
+// wrong secret and is refused, and the first does not hang.
+TEST(Launch, WrongSecretIsRefusedAcrossProcesses) {
+  TempDir tmp;
+  int port = cohort::test::free_port();
+  std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " WORLD_SIZE=2 ";
+  cohort::test::write_tiny_dataset(tmp);
+  std::string args = " train --model.name mlp --train.max-steps 2 --dist.timeout 5 --data.path " + tmp.path() +
+                     " --out " + (tmp / "run");
+  Background r0("env " + env + "RANK=0 COHORT_SECRET=alpha " + COHORT_BIN + args, tmp, "r0");
+  Background r1("env " + env + "RANK=1 COHORT_SECRET=beta " + COHORT_BIN + args, tmp, "r1");
+  EXPECT_EQ(r1.wait(30s), 1);
+  EXPECT_NE(r1.err().find("secret differs"), std::string::npos) << r1.err();
+  EXPECT_EQ(r0.wait(30s), 1) << "rank 0 must give up within dist.timeout";
+  EXPECT_NE(r0.err().find("cohort: error: rank 0"), std::string::npos) << r0.err();
+}
+
+TEST(Launch, PortInUseIsAClearError) {
+  TempDir tmp;
+  int port = cohort::test::free_port();
+  Background holder("python3 -c 'import socket,time; s=socket.socket(); s.bind((\"127.0.0.1\"," +
+                        std::to_string(port) + ")); s.listen(); time.sleep(60)'",
+                    tmp, "holder");
+  std::this_thread::sleep_for(500ms);
+  cohort::test::write_tiny_dataset(tmp);
+  auto r = run_cohort("train --nproc-per-node 2 --init-method tcp://127.0.0.1:" + std::to_string(port) +
+                      " --dist.timeout 5 --data.path " + tmp.path() + " --out " + (tmp / "run"));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("cannot host the rendezvous store"), std::string::npos) << r.err;
+}
+
+TEST(Launch, UnreachableMasterIsAClearError) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp);
+  int port = cohort::test::free_port();
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = run_cohort("train --nnodes 2 --node-rank 1 --nproc-per-node 1 --init-method tcp://127.0.0.1:" +
+                      std::to_string(port) + " --dist.timeout 3 --data.path " + tmp.path() + " --out " + (tmp / "run"));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("did not all meet"), std::string::npos) << r.err;
+}
+
+// Two hosts, each in its own network namespace with its own veth address:
+// node 0 runs 1 rank, node 1 runs 2, and they meet over tcp:// at node 0.
+TEST(Launch, TwoHostsInNetworkNamespaces) {
+  if (geteuid() != 0) GTEST_SKIP() << "SKIPPED: network namespaces need root";
+  if (std::system("ip -V >/dev/null 2>&1") != 0) GTEST_SKIP() << "SKIPPED: iproute2 ('ip') is not installed";
+  std::string tag = std::to_string(getpid() % 100000);
+  std::string a = "cohortA" + tag, b = "cohortB" + tag;
+  std::string setup = "ip netns add " + a + " && ip netns add " + b + " && ip link add va" + tag +
+                      " type veth peer name vb" + tag + " && ip link set va" + tag + " netns " + a +
+                      " && ip link set vb" + tag + " netns " + b + " && ip -n " + a + " addr add 10.231.0.1/24 dev va" +
+                      tag + " && ip -n " + b + " addr add 10.231.0.2/24 dev vb" + tag + " && ip -n " + a +
+                      " link set va" + tag + " up && ip -n " + b + " link set vb" + tag + " up && ip -n " + a +
+                      " link set lo up && ip -n " + b + " link set lo up";
+  struct Cleanup {
+    std::string a, b;
+    ~Cleanup() { std::system(("ip netns del " + a + " 2>/dev/null; ip netns del " + b + " 2>/dev/null").c_str()); }
+  } cleanup{a, b};
+  if (std::system(setup.c_str()) != 0) GTEST_SKIP() << "SKIPPED: cannot create network namespaces here";
+
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp);
+  std::string args = " train --model.name mlp --model.dropout 0 --data.global-batch 6 --train.max-steps 6 "
+                     "--log.every-steps 1 --dist.timeout 30 --init-method tcp://10.231.0.1:29611 --nnodes 2 "
+                     "--data.path " + tmp.path();
+  Background node0("ip netns exec " + a + " " + COHORT_BIN + args + " --node-rank 0 --nproc-per-node 1 --out " +
+                       (tmp / "run0"), tmp, "node0");
+  Background node1("ip netns exec " + b + " " + COHORT_BIN + args + " --node-rank 1 --nproc-per-node 2 --out " +
+                       (tmp / "run1"), tmp, "node1");
+  ASSERT_EQ(node0.wait(90s), 0) << node0.err();
+  ASSERT_EQ(node1.wait(30s), 0) << node1.err();
+  EXPECT_NE(node0.err().find("ranks 0..0 of 3"), std::string::npos) << node0.err();
+  EXPECT_NE(node1.err().find("ranks 1..2 of 3"), std::string::npos) << node1.err();
+  EXPECT_NE(node0.out().find("3 rank(s)"), std::string::npos) << node0.out();
+
+  // The 3-rank losses equal a single process's: the all-reduce is right.
+  auto single = run_cohort(args.substr(0, args.find(" --init-method")) + " --data.path " + tmp.path() +
+                           " --quiet --out " + (tmp / "single"));
+  ASSERT_EQ(single.code, 0) << single.err;
+  auto three = train_losses(tmp / "run0/metrics.jsonl");
+  auto one = train_losses(tmp / "single/metrics.jsonl");
+  ASSERT_EQ(three.size(), one.size());
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(three[i], one[i], 1e-5 * std::abs(one[i])) << i;
+}
