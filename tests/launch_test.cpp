@@ -121,24 +121,34 @@ std::string long_job(const TempDir& tmp, const std::string& extra) {
 }  // namespace
 
 // Contract 1: for a fixed seed and global batch, the loss of every step is
-// the same on 1, 2 and 3 ranks (and with accumulation) up to reduction order.
+// the same on 1, 2 and 3 ranks (and with accumulation) up to reduction order,
+// and evaluation metrics agree to the last printed digit. Dropout is off: its
+// masks are drawn per rank.
 TEST(Launch, LossDoesNotDependOnWorldSize) {
   if (!cohort::test::have_fashion_mnist()) GTEST_SKIP() << "SKIPPED: dataset-fashion-mnist is not installed";
   TempDir tmp;
   const std::string common = " --model.name mlp --model.hidden 64 --model.dropout 0 --data.global-batch 96 "
-                             "--train.max-steps 12 --log.every-steps 1 --eval.max-samples 300 --quiet";
-  std::vector<std::vector<double>> runs;
+                             "--train.max-steps 50 --log.every-steps 1 --eval.every-steps 25 --eval.max-samples 1000";
+  std::vector<std::vector<double>> losses;
+  std::vector<std::vector<std::string>> evals;  // the console's eval lines
   for (std::string shape : {"--nproc-per-node 1", "--nproc-per-node 2", "--nproc-per-node 3",
-                                   "--nproc-per-node 2 --optim.accum-steps 2"}) {
-    std::string dir = tmp / ("r" + std::to_string(runs.size()));
+                            "--nproc-per-node 2 --optim.accum-steps 2"}) {
+    std::string dir = tmp / ("r" + std::to_string(losses.size()));
     auto r = run_cohort("train " + shape + common + " --out " + dir);
     ASSERT_EQ(r.code, 0) << shape << ": " << r.err;
-    runs.push_back(train_losses(dir + "/metrics.jsonl"));
-    ASSERT_EQ(runs.back().size(), 12u) << shape;
+    losses.push_back(train_losses(dir + "/metrics.jsonl"));
+    ASSERT_EQ(losses.back().size(), 50u) << shape;
+    evals.emplace_back();
+    for (const auto& line : cohort::test::lines_of(r.out)) {
+      if (line.rfind("eval ", 0) == 0) evals.back().push_back(line.substr(0, line.find(" (")));
+    }
+    ASSERT_EQ(evals.back().size(), 2u) << r.out;
   }
-  for (size_t k = 1; k < runs.size(); ++k)
-    for (size_t i = 0; i < runs[0].size(); ++i)
-      EXPECT_NEAR(runs[k][i], runs[0][i], 1e-5 * std::abs(runs[0][i])) << "run " << k << " step " << i;
+  for (size_t k = 1; k < losses.size(); ++k) {
+    for (size_t i = 0; i < losses[0].size(); ++i)
+      EXPECT_NEAR(losses[k][i], losses[0][i], 1e-5 * std::abs(losses[0][i])) << "run " << k << " step " << i;
+    EXPECT_EQ(evals[k], evals[0]) << "run " << k;
+  }
 }
 
 TEST(Launch, KilledWorkerStopsTheJobAndIsNamed) {

@@ -121,6 +121,7 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
 
   bind("dist.timeout", c.dist.timeout, "seconds any collective may take before the job fails");
   bind("dist.bucket-cap-mb", c.dist.bucket_cap_mb, "gradient all-reduce bucket size, MiB");
+  bind("dist.grad-compression", c.dist.grad_compression, "none | bf16 | fp16: gradient dtype on the wire");
 
   bind("model.name", c.model.name, "mlp | cnn");
   bind("model.hidden", c.model.hidden, "hidden width");
@@ -251,6 +252,7 @@ void validate(const Config& c) {
   require(c.ckpt.keep >= 1, "ckpt.keep", c.ckpt.keep, "must be >= 1");
   require(c.dist.timeout > 0, "dist.timeout", c.dist.timeout, "must be > 0 seconds");
   require(c.dist.bucket_cap_mb > 0, "dist.bucket-cap-mb", c.dist.bucket_cap_mb, "must be > 0");
+  require_one_of(c.dist.grad_compression, "dist.grad-compression", {"none", "bf16", "fp16"});
 
   require(c.model.hidden >= 1, "model.hidden", c.model.hidden, "must be >= 1");
   require(c.model.dropout >= 0 && c.model.dropout < 1, "model.dropout", c.model.dropout, "must be in [0, 1)");

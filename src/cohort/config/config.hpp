@@ -71,6 +71,7 @@ struct CkptOptions {
 struct DistOptions {
   double timeout = 300.0;     // seconds any collective may take
   double bucket_cap_mb = 25.0;
+  std::string grad_compression = "none";  // none | bf16 | fp16 on the wire
 };
 
 struct ModelOptions {

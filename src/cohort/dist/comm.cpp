@@ -121,8 +121,11 @@ struct Comm::Impl {
       return detail::cat("rank ", spec.rank, ": ", what, " failed: ", stale,
                          " stopped responding (dead or stalled). Cause: ", one_line(cause));
     }
-    return detail::cat("rank ", spec.rank, ": ", what, " failed within dist.timeout ", opts.timeout.count() / 1000.0,
-                       " s; every rank still beats, so one is likely stuck or diverged. Cause: ", one_line(cause));
+    bool timed_out = cause.find("imed out") != std::string::npos || cause.find("imeout") != std::string::npos;
+    if (!timed_out) return detail::cat("rank ", spec.rank, ": ", what, " failed: ", one_line(cause));
+    return detail::cat("rank ", spec.rank, ": ", what, " timed out after dist.timeout ", opts.timeout.count() / 1000.0,
+                       " s while every rank still beats: one is likely stuck in other work or diverged. Cause: ",
+                       one_line(cause));
   }
 
   void wait(const char* what, const c10::intrusive_ptr<c10d::Work>& work) {
@@ -233,6 +236,14 @@ void Comm::all_reduce_sum(torch::Tensor& t, const char* what) {
   if (!impl_) return;
   std::vector<torch::Tensor> v{t};
   impl_->wait(what, impl_->pg->allreduce(v));
+}
+
+std::function<void()> Comm::all_reduce_sum_async(torch::Tensor& t, const char* what) {
+  if (!impl_) return [] {};
+  std::vector<torch::Tensor> v{t};
+  auto work = impl_->pg->allreduce(v);
+  Impl* impl = impl_.get();
+  return [impl, work, what] { impl->wait(what, work); };
 }
 
 std::vector<double> Comm::all_reduce_sum(const std::vector<double>& values, const char* what) {

@@ -14,6 +14,7 @@
 #include <torch/types.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,6 +48,9 @@ class Comm {
 
   // In place. All ranks get the element-wise sum.
   void all_reduce_sum(torch::Tensor& t, const char* what = "all_reduce");
+  // Starts an in-place sum; the returned function waits for it (and throws
+  // DistError like the blocking form). Ranks must start them in one order.
+  std::function<void()> all_reduce_sum_async(torch::Tensor& t, const char* what = "all_reduce");
   std::vector<double> all_reduce_sum(const std::vector<double>& values, const char* what = "all_reduce");
   // In place. Every rank gets root's tensor.
   void broadcast(torch::Tensor& t, int root = 0, const char* what = "broadcast");

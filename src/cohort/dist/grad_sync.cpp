@@ -1,7 +1,10 @@
 #include "cohort/dist/grad_sync.hpp"
 
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
+#include "cohort/core/error.hpp"
 #include "cohort/dist/comm.hpp"
 
 namespace cohort {
@@ -28,14 +31,125 @@ void all_reduce_gradients(Comm& comm, torch::nn::Module& module) {
     grads.push_back(p.grad());
   }
   if (grads.empty()) return;
-  std::vector<torch::Tensor> flat_parts;
-  for (auto& g : grads) flat_parts.push_back(g.reshape({-1}));
-  auto flat = torch::cat(flat_parts);
+  std::vector<torch::Tensor> parts;
+  for (auto& g : grads) parts.push_back(g.reshape({-1}));
+  auto flat = torch::cat(parts);
   comm.all_reduce_sum(flat, "gradient all-reduce");
   int64_t offset = 0;
   for (auto& g : grads) {
     g.copy_(flat.narrow(0, offset, g.numel()).view_as(g));
     offset += g.numel();
+  }
+}
+
+struct GradSync::Hook : torch::autograd::FunctionPostHook {
+  Hook(GradSync* owner, size_t param) : owner(owner), param(param) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    owner->mark_ready(param);
+    return outputs;
+  }
+  GradSync* owner;
+  size_t param;
+};
+
+GradSync::GradSync(Comm& comm, torch::nn::Module& module, GradSyncOptions opts) : comm_(comm), opts_(opts) {
+  COHORT_CHECK(opts_.compression == "none" || opts_.compression == "bf16" || opts_.compression == "fp16",
+               ConfigError, "dist.grad-compression must be one of none | bf16 | fp16 (got '", opts_.compression, "')");
+  // Gloo (CPU collectives) in libtorch 1.13 sums fp16 but not bf16.
+  COHORT_CHECK(opts_.compression != "bf16" || comm_.size() == 1 || !comm_.world().device.is_cpu(), ConfigError,
+               "dist.grad-compression bf16 is not supported by Gloo on CPU; use fp16 or none");
+  COHORT_CHECK(opts_.bucket_cap_bytes > 0, ConfigError, "dist.bucket-cap-mb must be > 0");
+  for (auto& p : module.parameters()) {
+    if (p.requires_grad()) params_.push_back(p);
+  }
+  // Buckets in reverse registration order; a parameter larger than the cap
+  // gets a bucket of its own.
+  bucket_of_.assign(params_.size(), 0);
+  int64_t filled = 0;
+  for (size_t k = params_.size(); k-- > 0;) {
+    int64_t bytes = params_[k].numel() * static_cast<int64_t>(params_[k].element_size());
+    bool start_new = buckets_.empty();
+    if (!start_new) {
+      int64_t cap = buckets_.size() == 1 ? std::min(opts_.first_bucket_bytes, opts_.bucket_cap_bytes)
+                                         : opts_.bucket_cap_bytes;
+      start_new = filled + bytes > cap;
+    }
+    if (start_new) {
+      buckets_.emplace_back();
+      filled = 0;
+    }
+    buckets_.back().push_back(k);
+    bucket_of_[k] = buckets_.size() - 1;
+    filled += bytes;
+  }
+  if (comm_.size() == 1) return;  // nothing to reduce: no hooks
+  for (size_t k = 0; k < params_.size(); ++k) {
+    auto acc = torch::autograd::impl::grad_accumulator(params_[k]);
+    hook_keys_.push_back(acc->add_post_hook(std::make_unique<Hook>(this, k)));
+    accumulators_.push_back(std::move(acc));
+  }
+}
+
+GradSync::~GradSync() {
+  for (size_t k = 0; k < accumulators_.size(); ++k) accumulators_[k]->del_post_hook(hook_keys_[k]);
+}
+
+void GradSync::prepare(bool sync) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sync_ = sync && comm_.size() > 1;
+  waiting_.assign(buckets_.size(), 0);
+  for (size_t b = 0; b < buckets_.size(); ++b) waiting_[b] = buckets_[b].size();
+  next_launch_ = 0;
+  flat_.assign(buckets_.size(), torch::Tensor());
+  pending_.clear();
+}
+
+void GradSync::mark_ready(size_t param) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!sync_) return;
+  size_t b = bucket_of_[param];
+  if (waiting_[b] == 0) return;  // already counted this step
+  --waiting_[b];
+  // Launch strictly in bucket order, so all ranks agree on the sequence.
+  while (next_launch_ < buckets_.size() && waiting_[next_launch_] == 0) launch(next_launch_++);
+}
+
+void GradSync::launch(size_t b) {
+  std::vector<torch::Tensor> parts;
+  for (size_t k : buckets_[b]) {
+    auto& p = params_[k];
+    parts.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}, p.options()));
+  }
+  torch::Tensor flat = torch::cat(parts);
+  if (opts_.compression == "bf16") flat = flat.to(torch::kBFloat16);
+  if (opts_.compression == "fp16") flat = flat.to(torch::kFloat16);
+  flat_[b] = flat;
+  pending_.push_back(comm_.all_reduce_sum_async(flat_[b], "gradient all-reduce"));
+  ++collectives_;
+}
+
+void GradSync::finalize() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!sync_) return;
+  while (next_launch_ < buckets_.size()) {
+    waiting_[next_launch_] = 0;
+    launch(next_launch_++);
+  }
+  auto pending = std::move(pending_);
+  pending_.clear();
+  sync_ = false;
+  lock.unlock();
+  for (auto& wait : pending) wait();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    int64_t offset = 0;
+    for (size_t k : buckets_[b]) {
+      auto& p = params_[k];
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      auto g = p.grad();
+      g.copy_(flat_[b].narrow(0, offset, g.numel()).view_as(g));
+      offset += g.numel();
+    }
   }
 }
 

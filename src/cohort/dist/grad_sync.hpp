@@ -1,14 +1,19 @@
-// defines: broadcast_module, GradSync
+// defines: broadcast_module, all_reduce_gradients, GradSyncOptions, GradSync
 //
 // Keeps replicas equal: parameters and buffers start as rank 0's, and after
-// every backward the gradients are summed over ranks (each rank's loss is
-// already divided by the global unit count, so the sum is the global mean).
-//
-// Cross-rank contract: every rank calls these in the same order with modules
-// of identical structure; tensors are visited in registration order.
+// every optimizer step's backward the gradients are summed over ranks (each
+// rank's loss is already divided by the global unit count, so the sum is the
+// global mean).
 #pragma once
 
 #include <torch/nn/module.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
 
 namespace cohort {
 
@@ -17,9 +22,70 @@ class Comm;
 // Copies rank 0's parameters and buffers to every rank.
 void broadcast_module(Comm& comm, torch::nn::Module& module);
 
-// Sums gradients over ranks with one flat, coalesced all-reduce. A parameter
-// without a gradient this step contributes zeros, so no rank waits on a
-// tensor another rank never sends.
+// Sums gradients over ranks with one flat all-reduce after backward. The
+// reference GradSync is tested against; missing gradients count as zeros.
 void all_reduce_gradients(Comm& comm, torch::nn::Module& module);
+
+struct GradSyncOptions {
+  int64_t bucket_cap_bytes = 25 << 20;   // dist.bucket-cap-mb
+  int64_t first_bucket_bytes = 1 << 20;  // small, so communication starts early
+  std::string compression = "none";      // none | bf16 | fp16 on the wire
+};
+
+// A bucketed gradient reducer that overlaps communication with backward.
+//
+// Parameters are grouped into buckets in reverse registration order (roughly
+// the order backward produces their gradients); the first bucket is capped at
+// first_bucket_bytes, the rest at bucket_cap_bytes. A post hook on each
+// parameter's gradient accumulator marks it ready; when every parameter of a
+// bucket is ready the bucket's async all-reduce starts, while backward goes on.
+//
+// Cross-rank contract: buckets are identical on every rank (same module, same
+// options) and are launched strictly in bucket order, whatever order their
+// hooks fire in, so every rank issues the same collectives in the same order.
+// A parameter that receives no gradient in a step is reduced as zeros when
+// finalize() launches the buckets still pending, so it cannot hang the job.
+class GradSync {
+ public:
+  GradSync(Comm& comm, torch::nn::Module& module, GradSyncOptions opts = {});
+  ~GradSync();
+  GradSync(const GradSync&) = delete;
+  GradSync& operator=(const GradSync&) = delete;
+
+  // Before each micro-batch's backward. `sync` is true only for the last
+  // micro-batch of an optimizer step: earlier ones accumulate locally and
+  // issue no collective at all.
+  void prepare(bool sync);
+  // After the last backward: launches pending buckets, waits for all, and
+  // writes the summed gradients back into every parameter's .grad.
+  void finalize();
+
+  int64_t collectives_issued() const { return collectives_; }
+  // Buckets already launched this step (by hooks, during backward).
+  size_t launched() const { return next_launch_; }
+  // Parameter indices (registration order) of each bucket, in launch order.
+  const std::vector<std::vector<size_t>>& buckets() const { return buckets_; }
+
+ private:
+  struct Hook;
+  void mark_ready(size_t param);
+  void launch(size_t bucket);
+
+  Comm& comm_;
+  GradSyncOptions opts_;
+  std::vector<torch::Tensor> params_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep alive: tensors hold weak refs
+  std::vector<uintptr_t> hook_keys_;
+  std::vector<std::vector<size_t>> buckets_;
+  std::vector<size_t> bucket_of_;
+
+  std::mutex mu_;
+  bool sync_ = false;
+  std::vector<size_t> waiting_;      // per bucket: params not yet ready
+  size_t next_launch_ = 0;
+  std::vector<torch::Tensor> flat_;  // per launched bucket: the wire buffer
+  std::vector<std::function<void()>> pending_;
+  int64_t collectives_ = 0;
+};
 
 }  // namespace cohort

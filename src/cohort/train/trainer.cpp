@@ -81,6 +81,7 @@ struct Trainer::State {
   std::unique_ptr<GlobalOrder> order;
   std::unique_ptr<Loader> loader;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<GradSync> grad_sync;
   LrSchedule schedule;
   MetricsLog log;
   std::shared_ptr<const Dataset> eval_data;
@@ -123,6 +124,10 @@ Trainer::Trainer(Config cfg, Comm& comm, RunOptions run) : s_(std::make_unique<S
 
   s.task = make_task(s.cfg, s.world);
   broadcast_module(comm, *s.task->module());
+  GradSyncOptions gs;
+  gs.bucket_cap_bytes = static_cast<int64_t>(s.cfg.dist.bucket_cap_mb * (1 << 20));
+  gs.compression = s.cfg.dist.grad_compression;
+  s.grad_sync = std::make_unique<GradSync>(comm, *s.task->module(), gs);
   s.eval_data = s.task->eval_set(s.cfg.eval.split);
   const Dataset& train = s.task->train_set();
   s.order = std::make_unique<GlobalOrder>(train.size(), s.cfg.data.global_batch, s.cfg.train.seed,
@@ -174,7 +179,10 @@ double Trainer::State::train_step(const StepBatch& batch) {
   double global_units = comm->all_reduce_sum(std::vector<double>{local_units}, "unit count")[0];
   COHORT_CHECK(global_units > 0, Error, "step ", step, ": the global batch has no units to train on");
   Tally step_tally = task->empty_tally();
-  for (const auto& micro : batch.micro) {
+  for (size_t m = 0; m < batch.micro.size(); ++m) {
+    // Only the last micro-batch's backward communicates.
+    grad_sync->prepare(/*sync=*/m + 1 == batch.micro.size());
+    const Example& micro = batch.micro[m];
     if (micro.empty()) continue;
     TaskOutput out;
     {
@@ -184,7 +192,7 @@ double Trainer::State::train_step(const StepBatch& batch) {
     (out.loss_sum / global_units).backward();
     step_tally.merge(out.tally);
   }
-  all_reduce_gradients(*comm, module);
+  grad_sync->finalize();
   step_tally.unflatten(comm->all_reduce_sum(step_tally.flatten(), "step metrics"));
   interval_units += static_cast<int64_t>(global_units);
   double loss = step_tally.mean("loss");

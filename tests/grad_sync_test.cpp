@@ -1,0 +1,222 @@
+// GradSync against the flat all-reduce it must equal, with every rank a
+// thread of this process.
+#include <gtest/gtest.h>
+
+#include "cohort/core/error.hpp"
+#include "cohort/dist/comm.hpp"
+#include "cohort/dist/grad_sync.hpp"
+#include "helpers.hpp"
+
+using namespace cohort;
+using cohort::test::spawn;
+
+namespace {
+
+std::unique_ptr<Comm> join(int rank, int n, int port) {
+  RankSpec s;
+  s.rank = s.local_rank = rank;
+  s.world_size = s.local_world_size = n;
+  s.init = parse_init_method("tcp://127.0.0.1:" + std::to_string(port));
+  s.host_store = rank == 0;
+  CommOptions o;
+  o.timeout = std::chrono::seconds(30);
+  o.device = "cpu";
+  return Comm::connect(s, o);
+}
+
+// Parameters of assorted sizes: 7 tensors, 4 bytes per element.
+struct Params : torch::nn::Module {
+  Params() {
+    for (int64_t k = 0; k < 7; ++k) {
+      ps.push_back(register_parameter("p" + std::to_string(k), torch::zeros({3 + 5 * k, 2})));
+    }
+  }
+  std::vector<torch::Tensor> ps;
+};
+
+// A loss whose gradient for parameter k is an integer tensor depending on
+// rank, micro-batch and k: sums are exact in any order, so bucketing and
+// reduction order cannot hide a wrong mapping.
+torch::Tensor integer_loss(Params& m, int rank, int micro, const std::vector<bool>& used) {
+  torch::Tensor loss = torch::zeros({});
+  for (size_t k = 0; k < m.ps.size(); ++k) {
+    if (!used[k]) continue;
+    auto c = torch::arange(m.ps[k].numel()).reshape(m.ps[k].sizes()).to(torch::kFloat32) * float(rank + 1) +
+             float(10 * micro + k);
+    loss = loss + (m.ps[k] * c).sum();
+  }
+  return loss;
+}
+
+std::vector<torch::Tensor> grads_of(Params& m) {
+  std::vector<torch::Tensor> out;
+  for (auto& p : m.ps) out.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+  return out;
+}
+
+void zero_grads(Params& m) {
+  for (auto& p : m.ps)
+    if (p.grad().defined()) p.grad().zero_();
+}
+
+struct Case {
+  int world;
+  int64_t cap;    // bytes
+  int64_t first;  // bytes
+  int accum;
+  size_t expect_buckets;
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << "world=" << c.world << " cap=" << c.cap << " first=" << c.first << " accum=" << c.accum;
+}
+
+class GradSyncMatchesFlat : public ::testing::TestWithParam<Case> {};
+
+}  // namespace
+
+TEST_P(GradSyncMatchesFlat, BitIdentical) {
+  Case c = GetParam();
+  int port = cohort::test::free_port();
+  spawn(c.world, [&](int rank) {
+    auto comm = join(rank, c.world, port);
+    Params m;
+    GradSyncOptions o;
+    o.bucket_cap_bytes = c.cap;
+    o.first_bucket_bytes = c.first;
+    GradSync sync(*comm, m, o);
+    EXPECT_EQ(sync.buckets().size(), c.expect_buckets);
+    std::vector<bool> all(7, true);
+
+    for (int micro = 0; micro < c.accum; ++micro) {
+      sync.prepare(micro + 1 == c.accum);
+      integer_loss(m, rank, micro, all).backward();
+      if (micro + 1 < c.accum) {
+        EXPECT_EQ(sync.collectives_issued(), 0) << "a collective on a non-final micro-batch";
+      }
+    }
+    EXPECT_EQ(sync.launched(), sync.buckets().size()) << "hooks should launch every bucket during backward";
+    sync.finalize();
+    EXPECT_EQ(sync.collectives_issued(), static_cast<int64_t>(sync.buckets().size()));
+    auto bucketed = grads_of(m);
+
+    zero_grads(m);
+    for (int micro = 0; micro < c.accum; ++micro) {
+      sync.prepare(false);
+      integer_loss(m, rank, micro, all).backward();
+    }
+    all_reduce_gradients(*comm, m);
+    auto flat = grads_of(m);
+    for (size_t k = 0; k < flat.size(); ++k) EXPECT_TRUE(torch::equal(bucketed[k], flat[k])) << "parameter " << k;
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Buckets, GradSyncMatchesFlat,
+    ::testing::Values(Case{2, 1 << 30, 1 << 30, 1, 1},  // everything in one bucket
+                      Case{3, 1, 1, 1, 7},              // one bucket per parameter
+                      Case{2, 400, 100, 1, 4},          // several buckets (layout checked below)
+                      Case{3, 400, 400, 3, 4},          // several buckets, 3 micro-batches
+                      Case{4, 1 << 30, 1 << 30, 2, 1}),
+    [](const ::testing::TestParamInfo<Case>& info) { return "case" + std::to_string(info.index); });
+
+// Expected bucket counts for the "several" cases, from the sizes: parameter k
+// holds (3 + 5k) * 2 floats = 24 + 40k bytes, packed in reverse order.
+TEST(GradSync, BucketLayout) {
+  auto comm = Comm::single();
+  Params m;
+  GradSyncOptions o;
+  o.bucket_cap_bytes = 400;
+  o.first_bucket_bytes = 100;
+  GradSync sync(*comm, m, o);
+  // Bytes: p0..p6 = 24, 64, 104, 144, 184, 224, 264. Reverse order: p6 fills
+  // the first bucket (cap 100, but a bucket always takes one parameter);
+  // p5 (224) + p4 (184) = 408 > 400, so p5 is alone; p4 + p3 = 328 fits,
+  // + p2 = 432 does not; p2 + p1 + p0 = 192.
+  std::vector<std::vector<size_t>> expect = {{6}, {5}, {4, 3}, {2, 1, 0}};
+  EXPECT_EQ(sync.buckets(), expect);
+}
+
+TEST(GradSync, UnusedParameterDoesNotHang) {
+  int port = cohort::test::free_port();
+  spawn(3, [&](int rank) {
+    auto comm = join(rank, 3, port);
+    Params m;
+    GradSync sync(*comm, m, {});
+    std::vector<bool> used(7, true);
+    used[2] = rank != 1;  // rank 1 never touches p2
+    used[5] = false;      // nobody touches p5
+    sync.prepare(true);
+    integer_loss(m, rank, 0, used).backward();
+    sync.finalize();
+    auto g = grads_of(m);
+    EXPECT_TRUE(g[5].eq(0).all().item<bool>());
+    // p2 = sum over ranks 0 and 2 of (arange * (rank+1) + 2).
+    auto ar = torch::arange(m.ps[2].numel()).reshape(m.ps[2].sizes()).to(torch::kFloat32);
+    EXPECT_TRUE(torch::equal(g[2], ar * 1 + 2 + ar * 3 + 2));
+  });
+}
+
+TEST(GradSync, Bf16IsRefusedOnGloo) {
+  int port = cohort::test::free_port();
+  spawn(2, [&](int rank) {
+    auto comm = join(rank, 2, port);
+    Params m;
+    GradSyncOptions o;
+    o.compression = "bf16";
+    EXPECT_THROW(GradSync(*comm, m, o), ConfigError);
+  });
+}
+
+TEST(GradSync, Fp16CompressionIsClose) {
+  int port = cohort::test::free_port();
+  spawn(2, [&](int rank) {
+    auto comm = join(rank, 2, port);
+    Params m;
+    GradSyncOptions o;
+    o.compression = "fp16";
+    GradSync sync(*comm, m, o);
+    std::vector<bool> all(7, true);
+    sync.prepare(true);
+    integer_loss(m, rank, 0, all).backward();
+    sync.finalize();
+    auto compressed = grads_of(m);
+    zero_grads(m);
+    sync.prepare(false);
+    integer_loss(m, rank, 0, all).backward();
+    all_reduce_gradients(*comm, m);
+    auto exact = grads_of(m);
+    for (size_t k = 0; k < exact.size(); ++k) {
+      EXPECT_TRUE(torch::allclose(compressed[k], exact[k], /*rtol=*/1e-2, /*atol=*/1e-2)) << k;
+    }
+  });
+}
+
+// A real network, random floats: with 2 ranks the sum is order-free, so the
+// result must be bit-identical too.
+TEST(GradSync, MlpGradientsMatchFlat) {
+  int port = cohort::test::free_port();
+  spawn(2, [&](int rank) {
+    auto comm = join(rank, 2, port);
+    torch::manual_seed(0);
+    torch::nn::Sequential net(torch::nn::Linear(16, 64), torch::nn::ReLU(), torch::nn::Linear(64, 64),
+                              torch::nn::ReLU(), torch::nn::Linear(64, 3));
+    GradSyncOptions o;
+    o.bucket_cap_bytes = 8 << 10;
+    o.first_bucket_bytes = 1 << 10;
+    GradSync sync(*comm, *net, o);
+    EXPECT_GT(sync.buckets().size(), 2u);
+    auto x = torch::randn({8, 16}, torch::Generator(at::detail::createCPUGenerator(100 + rank)));
+    sync.prepare(true);
+    net->forward(x).pow(2).sum().backward();
+    sync.finalize();
+    std::vector<torch::Tensor> bucketed;
+    for (auto& p : net->parameters()) bucketed.push_back(p.grad().clone());
+    for (auto& p : net->parameters()) p.grad().zero_();
+    sync.prepare(false);
+    net->forward(x).pow(2).sum().backward();
+    all_reduce_gradients(*comm, *net);
+    size_t k = 0;
+    for (auto& p : net->parameters()) EXPECT_TRUE(torch::equal(bucketed[k++], p.grad()));
+  });
+}
