@@ -20,11 +20,13 @@ Example collate(const std::vector<Example>& examples) {
   return out;
 }
 
-Example gather(const Dataset& ds, const std::vector<int64_t>& indices) {
+Example Dataset::get_batch(const std::vector<int64_t>& indices) const {
   std::vector<Example> examples;
   examples.reserve(indices.size());
-  for (int64_t i : indices) examples.push_back(ds.get(i));
+  for (int64_t i : indices) examples.push_back(get(i));
   return collate(examples);
 }
+
+Example gather(const Dataset& ds, const std::vector<int64_t>& indices) { return ds.get_batch(indices); }
 
 }  // namespace cohort

@@ -23,6 +23,9 @@ class Dataset {
   virtual int64_t size() const = 0;
   // Thread-safe: loader workers call get() concurrently.
   virtual Example get(int64_t index) const = 0;
+  // The collated batch of `indices`. The default collates get(i); datasets
+  // that can gather many rows at once (in-memory tensors) override it.
+  virtual Example get_batch(const std::vector<int64_t>& indices) const;
   // One line for logs: what this is and where it came from.
   virtual std::string describe() const = 0;
 };
@@ -31,7 +34,7 @@ class Dataset {
 // have the same names and shapes.
 Example collate(const std::vector<Example>& examples);
 
-// Fetches `indices` from `ds` and collates them.
+// Fetches `indices` from `ds` as one collated batch (ds.get_batch).
 Example gather(const Dataset& ds, const std::vector<int64_t>& indices);
 
 }  // namespace cohort

@@ -36,6 +36,7 @@ class ImageDataset : public Dataset {
 
   int64_t size() const override { return images_.size(0); }
   Example get(int64_t index) const override;
+  Example get_batch(const std::vector<int64_t>& indices) const override;
   std::string describe() const override;
 
   int64_t num_classes() const { return num_classes_; }

@@ -83,7 +83,22 @@ GradSync::GradSync(Comm& comm, torch::nn::Module& module, GradSyncOptions opts) 
     bucket_of_[k] = buckets_.size() - 1;
     filled += bytes;
   }
-  if (comm_.size() == 1) return;  // nothing to reduce: no hooks
+  if (comm_.size() == 1) return;  // nothing to reduce: no hooks, no views
+  torch::NoGradGuard no_grad;
+  for (const auto& bucket : buckets_) {
+    int64_t numel = 0;
+    for (size_t k : bucket) numel += params_[k].numel();
+    auto flat = torch::zeros({numel}, params_[bucket.front()].options());
+    int64_t offset = 0;
+    for (size_t k : bucket) {
+      auto& p = params_[k];
+      auto view = flat.narrow(0, offset, p.numel()).view_as(p);
+      if (p.grad().defined()) view.copy_(p.grad());
+      p.mutable_grad() = view;
+      offset += p.numel();
+    }
+    storage_.push_back(flat);
+  }
   for (size_t k = 0; k < params_.size(); ++k) {
     auto acc = torch::autograd::impl::grad_accumulator(params_[k]);
     hook_keys_.push_back(acc->add_post_hook(std::make_unique<Hook>(this, k)));
@@ -101,7 +116,7 @@ void GradSync::prepare(bool sync) {
   waiting_.assign(buckets_.size(), 0);
   for (size_t b = 0; b < buckets_.size(); ++b) waiting_[b] = buckets_[b].size();
   next_launch_ = 0;
-  flat_.assign(buckets_.size(), torch::Tensor());
+  wire_.assign(buckets_.size(), torch::Tensor());
   pending_.clear();
 }
 
@@ -116,16 +131,26 @@ void GradSync::mark_ready(size_t param) {
 }
 
 void GradSync::launch(size_t b) {
-  std::vector<torch::Tensor> parts;
+  // Re-attach any gradient something replaced (rather than updated in place)
+  // since the last step, so the bucket's buffer holds every gradient.
+  int64_t offset = 0;
   for (size_t k : buckets_[b]) {
     auto& p = params_[k];
-    parts.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}, p.options()));
+    auto view = storage_[b].narrow(0, offset, p.numel()).view_as(p);
+    if (!p.grad().defined()) {
+      view.zero_();
+      p.mutable_grad() = view;
+    } else if (p.grad().data_ptr() != view.data_ptr()) {
+      view.copy_(p.grad());
+      p.mutable_grad() = view;
+    }
+    offset += p.numel();
   }
-  torch::Tensor flat = torch::cat(parts);
-  if (opts_.compression == "bf16") flat = flat.to(torch::kBFloat16);
-  if (opts_.compression == "fp16") flat = flat.to(torch::kFloat16);
-  flat_[b] = flat;
-  pending_.push_back(comm_.all_reduce_sum_async(flat_[b], "gradient all-reduce"));
+  torch::Tensor wire = storage_[b];
+  if (opts_.compression == "bf16") wire = wire.to(torch::kBFloat16);
+  if (opts_.compression == "fp16") wire = wire.to(torch::kFloat16);
+  wire_[b] = wire;
+  pending_.push_back(comm_.all_reduce_sum_async(wire_[b], "gradient all-reduce"));
   ++collectives_;
 }
 
@@ -141,16 +166,8 @@ void GradSync::finalize() {
   sync_ = false;
   lock.unlock();
   for (auto& wait : pending) wait();
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    int64_t offset = 0;
-    for (size_t k : buckets_[b]) {
-      auto& p = params_[k];
-      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-      auto g = p.grad();
-      g.copy_(flat_[b].narrow(0, offset, g.numel()).view_as(g));
-      offset += g.numel();
-    }
-  }
+  if (opts_.compression == "none") return;  // reduced in place, in the grads
+  for (size_t b = 0; b < buckets_.size(); ++b) storage_[b].copy_(wire_[b]);
 }
 
 }  // namespace cohort

@@ -34,7 +34,10 @@ struct GradSyncOptions {
 
 // A bucketed gradient reducer that overlaps communication with backward.
 //
-// Parameters are grouped into buckets in reverse registration order (roughly
+// Each bucket is one flat buffer and every parameter's .grad is a view into
+// it, so backward accumulates straight into the wire buffer: no copy before
+// the all-reduce and none after (unless compressed). Parameters are grouped
+// into buckets in reverse registration order (roughly
 // the order backward produces their gradients); the first bucket is capped at
 // first_bucket_bytes, the rest at bucket_cap_bytes. A post hook on each
 // parameter's gradient accumulator marks it ready; when every parameter of a
@@ -83,7 +86,8 @@ class GradSync {
   bool sync_ = false;
   std::vector<size_t> waiting_;      // per bucket: params not yet ready
   size_t next_launch_ = 0;
-  std::vector<torch::Tensor> flat_;  // per launched bucket: the wire buffer
+  std::vector<torch::Tensor> storage_;  // per bucket: the flat buffer the grads view
+  std::vector<torch::Tensor> wire_;     // per launched bucket: what is all-reduced
   std::vector<std::function<void()>> pending_;
   int64_t collectives_ = 0;
 };

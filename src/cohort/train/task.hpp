@@ -39,6 +39,9 @@ class Task {
   // The units forward(batch) will report, without running the model: the
   // trainer needs the global count before the first backward.
   virtual int64_t count_units(const Example& batch) const = 0;
+  // True when a unit is a sample: the trainer then knows the global count
+  // from the batch plan and skips a collective per step.
+  virtual bool units_are_samples() const { return false; }
   // What `units` counts, for throughput lines ("images", "tokens").
   virtual std::string unit_name() const = 0;
   // Every metric forward() tallies. Ranks with no samples still report them

@@ -3,6 +3,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/nn/utils/clip_grad.h>
 
+#include <array>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
@@ -55,6 +56,15 @@ std::string format_metric(const std::string& name, double value) {
   return buf;
 }
 
+// Zeroes gradients in place. (libtorch's Optimizer::zero_grad detaches them
+// in place, which views into GradSync's buckets do not allow.)
+void zero_gradients(torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : module.parameters()) {
+    if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+}
+
 void prepare_run_dir(const RunOptions& run) {
   COHORT_CHECK(!run.out_dir.empty(), UsageError, "--out RUN_DIR is required");
   fs::path dir(run.out_dir);
@@ -91,6 +101,10 @@ struct Trainer::State {
   int64_t samples_seen = 0;
   Cursor cursor;
   Tally interval;  // training metrics since the last log line
+  // Seconds per phase since the last log line, on this rank: data wait,
+  // forward, backward, exposed communication, optimizer; and whole steps.
+  std::array<double, 6> phases{};
+  int64_t interval_steps = 0;
   int64_t interval_units = 0;
   Clock::time_point interval_start = Clock::now();
   Clock::time_point start = Clock::now();
@@ -143,6 +157,7 @@ Trainer::Trainer(Config cfg, Comm& comm, RunOptions run) : s_(std::make_unique<S
   s.loader = std::make_unique<Loader>(train, *s.order, lo, s.cursor);
   s.optimizer = make_optimizer(s.cfg.optim, *s.task->module());
   s.schedule = LrSchedule::from(s.cfg.optim, s.total_steps);
+  s.interval = s.task->empty_tally();
   // Only now, with config, model and data all accepted, touch the run dir.
   if (s.world.is_main()) prepare_run_dir(s.run);
   if (s.world.is_main()) s.log = MetricsLog((fs::path(s.run.out_dir) / "metrics.jsonl").string());
@@ -171,12 +186,15 @@ void Trainer::State::announce_plan() const {
 double Trainer::State::train_step(const StepBatch& batch) {
   auto& module = *task->module();
   module.train();
-  optimizer->zero_grad();
-  double local_units = 0;
-  for (const auto& micro : batch.micro) {
-    if (!micro.empty()) local_units += static_cast<double>(task->count_units(micro));
+  zero_gradients(module);
+  double global_units = static_cast<double>(batch.global_samples);
+  if (!task->units_are_samples()) {
+    double local_units = 0;
+    for (const auto& micro : batch.micro) {
+      if (!micro.empty()) local_units += static_cast<double>(task->count_units(micro));
+    }
+    global_units = comm->all_reduce_sum(std::vector<double>{local_units}, "unit count")[0];
   }
-  double global_units = comm->all_reduce_sum(std::vector<double>{local_units}, "unit count")[0];
   COHORT_CHECK(global_units > 0, Error, "step ", step, ": the global batch has no units to train on");
   Tally step_tally = task->empty_tally();
   for (size_t m = 0; m < batch.micro.size(); ++m) {
@@ -185,22 +203,31 @@ double Trainer::State::train_step(const StepBatch& batch) {
     const Example& micro = batch.micro[m];
     if (micro.empty()) continue;
     TaskOutput out;
+    auto t0 = Clock::now();
     {
       AutocastScope autocast(cfg.train.precision == "bf16");
       out = task->forward(to_device(micro, world.device));
     }
+    auto t1 = Clock::now();
     (out.loss_sum / global_units).backward();
+    phases[1] += std::chrono::duration<double>(t1 - t0).count();
+    phases[2] += seconds_since(t1);
     step_tally.merge(out.tally);
   }
+  auto t_comm = Clock::now();
   grad_sync->finalize();
-  step_tally.unflatten(comm->all_reduce_sum(step_tally.flatten(), "step metrics"));
+  phases[3] += seconds_since(t_comm);
+  auto t_optim = Clock::now();
   interval_units += static_cast<int64_t>(global_units);
-  double loss = step_tally.mean("loss");
+  // This rank's share of the step's metrics; ranks sum their interval
+  // tallies at the next log line, not every step.
+  double loss = step_tally.count("loss") > 0 ? step_tally.mean("loss") : 0.0;
   COHORT_CHECK(std::isfinite(loss), Error, "step ", step, ": training loss is ", loss,
                "; lower optim.lr or enable optim.clip-norm");
   if (cfg.optim.clip_norm > 0) torch::nn::utils::clip_grad_norm_(module.parameters(), cfg.optim.clip_norm);
   set_lr(*optimizer, schedule.at(step));
   optimizer->step();
+  phases[4] += seconds_since(t_optim);
   interval.merge(step_tally);
   samples_seen += batch.global_samples;
   return loss;
@@ -211,6 +238,7 @@ void Trainer::State::log_train(int64_t epoch) {
   double units_per_s = interval_units / std::max(secs, 1e-9);
   double eta = seconds_since(start) / static_cast<double>(step) * static_cast<double>(total_steps - step);
   double lr = schedule.at(step - 1);
+  interval.unflatten(comm->all_reduce_sum(interval.flatten(), "training metrics"));
   nlohmann::json line = {{"kind", "train"}, {"step", step},       {"epoch", epoch},
                          {"lr", lr},        {"samples", samples_seen}, {"tokens_per_s", units_per_s}};
   std::string text;
@@ -218,11 +246,25 @@ void Trainer::State::log_train(int64_t epoch) {
     line[name] = interval.mean(name);
     text += format_metric(name, interval.mean(name));
   }
+  // Step-time breakdown: every rank's per-step phase times, the max over
+  // ranks per phase, and the rank whose steps took longest.
+  auto mine = torch::tensor(std::vector<double>(phases.begin(), phases.end()), torch::kFloat64) /
+              static_cast<double>(std::max<int64_t>(1, interval_steps));
+  auto all = torch::stack(comm->all_gather(mine, "step-time report"));  // [ranks, 6]
+  auto worst = std::get<0>(all.max(0));
+  int slowest = static_cast<int>(all.select(1, 5).argmax().item<int64_t>());
+  static const char* const kPhase[] = {"data", "forward", "backward", "comm", "optim", "step"};
+  nlohmann::json phase_ms;
+  for (int i = 0; i < 6; ++i) phase_ms[kPhase[i]] = worst[i].item<double>() * 1e3;
+  line["phase_ms"] = phase_ms;
+  line["slowest_rank"] = slowest;
   log.write(line);
+  phases.fill(0.0);
+  interval_steps = 0;
   say("step %6lld/%lld  epoch %lld %s  lr %.2e  %.0f %s/s  eta %s\n", static_cast<long long>(step),
       static_cast<long long>(total_steps), static_cast<long long>(epoch), text.c_str(), lr, units_per_s,
       task->unit_name().c_str(), format_duration(eta).c_str());
-  interval = Tally();
+  interval = task->empty_tally();
   interval_units = 0;
   interval_start = Clock::now();
 }
@@ -251,8 +293,12 @@ RunSummary Trainer::run() {
   s.start = s.interval_start = Clock::now();
   int64_t last_eval = -1;
   while (s.step < s.total_steps) {
+    auto t_step = Clock::now();
     StepBatch batch = s.loader->next();
+    s.phases[0] += seconds_since(t_step);
     s.summary.step_losses.push_back(s.train_step(batch));
+    s.phases[5] += seconds_since(t_step);
+    ++s.interval_steps;
     ++s.step;
     s.cursor = batch.next;
     bool epoch_end = batch.next.epoch != batch.cursor.epoch;

@@ -21,7 +21,8 @@ struct RunOptions {
 
 struct RunSummary {
   int64_t steps = 0;
-  std::vector<double> step_losses;  // mean training loss of every step
+  std::vector<double> step_losses;  // every step's mean loss over this rank's share
+                                    // (metrics.jsonl has the all-rank means)
   double final_eval_loss = 0;
   double final_eval_accuracy = 0;
   double seconds = 0;

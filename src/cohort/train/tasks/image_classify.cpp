@@ -33,6 +33,7 @@ class ImageClassifyTask : public Task {
   }
 
   int64_t count_units(const Example& batch) const override { return batch.at("label").size(0); }
+  bool units_are_samples() const override { return true; }
 
   TaskOutput forward(const Example& batch) override {
     const auto& images = batch.at("image");
