@@ -68,10 +68,10 @@ inline Result run_cohort(const std::string& args) {
   return r;
 }
 
-// A tiny but valid IDX image dataset in `dir`: 8 train and 8 test images of
+// A tiny but valid IDX image dataset in `dir`: n train and n test images of
 // 8x8, labels 0..3.
 template <class Dir>
-void write_tiny_dataset(const Dir& dir) {
+void write_tiny_dataset(const Dir& dir, uint32_t n = 8) {
   auto idx = [](std::vector<uint32_t> dims, size_t n, int mod) {
     std::string s = {0, 0, 8, static_cast<char>(dims.size())};
     for (uint32_t d : dims)
@@ -80,8 +80,8 @@ void write_tiny_dataset(const Dir& dir) {
     return s;
   };
   for (const char* p : {"train", "t10k"}) {
-    write_file(dir / (std::string(p) + "-images-idx3-ubyte"), idx({8, 8, 8}, 512, 251));
-    write_file(dir / (std::string(p) + "-labels-idx1-ubyte"), idx({8}, 8, 4));
+    write_file(dir / (std::string(p) + "-images-idx3-ubyte"), idx({n, 8, 8}, 64 * n, 251));
+    write_file(dir / (std::string(p) + "-labels-idx1-ubyte"), idx({n}, n, 4));
   }
 }
 
@@ -95,6 +95,10 @@ inline bool have_fashion_mnist() {
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <dirent.h>
+#include <signal.h>
+
+#include <chrono>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -134,5 +138,70 @@ inline int free_port() {
   close(fd);
   return ntohs(addr.sin_port);
 }
+
+
+
+// A command running in the background: `sh -c "exec CMD >out 2>err"`.
+class Background {
+ public:
+  Background(const std::string& cmd, const TempDir& dir, const std::string& name)
+      : out_(dir / (name + ".out")), err_(dir / (name + ".err")) {
+    std::string full = "exec " + cmd + " >" + out_ + " 2>" + err_;
+    pid_ = fork();
+    if (pid_ == 0) {
+      setpgid(0, 0);
+      execl("/bin/sh", "sh", "-c", full.c_str(), nullptr);
+      _exit(127);
+    }
+  }
+  ~Background() {
+    if (!done_) {
+      kill(-pid_, SIGKILL);
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  // Exit code (128+signal when killed), or -1 if still running after `limit`.
+  int wait(std::chrono::milliseconds limit) {
+    auto end = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < end) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        done_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return -1;
+  }
+  std::string out() const { return read_file(out_); }
+  std::string err() const { return read_file(err_); }
+
+ private:
+  std::string out_, err_;
+  pid_t pid_ = -1;
+  bool done_ = false;
+};
+
+// Children of `parent`, from /proc.
+inline std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  DIR* d = opendir("/proc");
+  while (dirent* e = readdir(d)) {
+    pid_t pid = atoi(e->d_name);
+    if (pid <= 0) continue;
+    std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+    auto close_paren = stat.rfind(')');
+    if (close_paren == std::string::npos) continue;
+    int ppid = 0;
+    char state;
+    if (sscanf(stat.c_str() + close_paren + 1, " %c %d", &state, &ppid) == 2 && ppid == parent) out.push_back(pid);
+  }
+  closedir(d);
+  return out;
+}
+
+inline bool alive(pid_t pid) { return kill(pid, 0) == 0; }
 
 }  // namespace cohort::test

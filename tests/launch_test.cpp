@@ -16,69 +16,11 @@ using namespace std::chrono_literals;
 using cohort::test::read_file;
 using cohort::test::run_cohort;
 using cohort::test::TempDir;
+using cohort::test::Background;
+using cohort::test::children_of;
+using cohort::test::alive;
 
 namespace {
-
-// A command running in the background: `sh -c "exec CMD >out 2>err"`.
-class Background {
- public:
-  Background(const std::string& cmd, const TempDir& dir, const std::string& name)
-      : out_(dir / (name + ".out")), err_(dir / (name + ".err")) {
-    std::string full = "exec " + cmd + " >" + out_ + " 2>" + err_;
-    pid_ = fork();
-    if (pid_ == 0) {
-      setpgid(0, 0);
-      execl("/bin/sh", "sh", "-c", full.c_str(), nullptr);
-      _exit(127);
-    }
-  }
-  ~Background() {
-    if (!done_) {
-      kill(-pid_, SIGKILL);
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  pid_t pid() const { return pid_; }
-  // Exit code (128+signal when killed), or -1 if still running after `limit`.
-  int wait(std::chrono::milliseconds limit) {
-    auto end = std::chrono::steady_clock::now() + limit;
-    while (std::chrono::steady_clock::now() < end) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        done_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(50ms);
-    }
-    return -1;
-  }
-  std::string out() const { return read_file(out_); }
-  std::string err() const { return read_file(err_); }
-
- private:
-  std::string out_, err_;
-  pid_t pid_ = -1;
-  bool done_ = false;
-};
-
-// Children of `parent`, from /proc.
-std::vector<pid_t> children_of(pid_t parent) {
-  std::vector<pid_t> out;
-  DIR* d = opendir("/proc");
-  while (dirent* e = readdir(d)) {
-    pid_t pid = atoi(e->d_name);
-    if (pid <= 0) continue;
-    std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
-    auto close_paren = stat.rfind(')');
-    if (close_paren == std::string::npos) continue;
-    int ppid = 0;
-    char state;
-    if (sscanf(stat.c_str() + close_paren + 1, " %c %d", &state, &ppid) == 2 && ppid == parent) out.push_back(pid);
-  }
-  closedir(d);
-  return out;
-}
 
 // The worker of `launcher` whose COHORT_RANK is `rank`.
 pid_t worker_with_rank(pid_t launcher, int rank) {
@@ -89,7 +31,6 @@ pid_t worker_with_rank(pid_t launcher, int rank) {
   return -1;
 }
 
-bool alive(pid_t pid) { return kill(pid, 0) == 0; }
 
 // Waits until `path` has at least `lines` lines.
 bool wait_for_lines(const std::string& path, size_t lines, std::chrono::seconds limit) {

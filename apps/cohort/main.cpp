@@ -5,13 +5,18 @@
 #include <c10/util/Exception.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
+#include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/dist/comm.hpp"
 #include "cohort/dist/rendezvous.hpp"
 #include "cohort/launch/launcher.hpp"
+#include "cohort/train/stop.hpp"
 #include "cohort/train/trainer.hpp"
 
 namespace {
@@ -37,16 +42,23 @@ int main(int argc, char** argv) {
                                                 "and from --section.key flags, which win.");
   Config cfg;
   ConfigBinding binding(*train, cfg);
+  LaunchOptions launch;
   std::string config_path;
   RunOptions run;
   train->add_option("--config", config_path, "TOML config file; command-line keys override it");
-  train->add_option("--out", run.out_dir, "run directory: config.toml, metrics.jsonl")->required();
+  train->add_option("--out", run.out_dir, "run directory: config.toml, metrics.jsonl, checkpoints/");
+  std::string resume_path;
+  train->add_option("--resume", resume_path,
+                    "continue from RUN_DIR's newest valid checkpoint, or from a checkpoint dir; "
+                    "its config is the base, --config and flags override harmless keys");
+  train->add_option("--max-restarts", launch.max_restarts,
+                    "restart all local ranks from the latest checkpoint when one dies, up to N times")
+      ->capture_default_str();
   train->add_flag("--overwrite", run.overwrite, "replace a run already in --out");
   train->add_flag("--quiet", run.quiet, "no console progress lines");
 
   // Per-node launch flags: not config keys, since they differ between nodes.
   // HetSeq's spellings are accepted as aliases.
-  LaunchOptions launch;
   CommOptions comm_opts;
   const std::string dist_group = "Distributed (per node; HetSeq spellings accepted)";
   train->add_option("--nproc-per-node,--distributed-gpus", launch.nproc_per_node,
@@ -95,16 +107,46 @@ int main(int argc, char** argv) {
   std::string who;
   try {
     if (train->parsed()) {
+      Env env = process_env();
+      // A worker restarted by the launcher resumes from the run's latest
+      // checkpoint when there is one.
+      int generation = env.count("COHORT_GENERATION") ? std::stoi(env["COHORT_GENERATION"]) : 0;
+      if (resume_path.empty() && generation > 0 && !run.out_dir.empty() &&
+          std::filesystem::exists(std::filesystem::path(run.out_dir) / "checkpoints" / "latest")) {
+        resume_path = run.out_dir;
+      }
+      std::string saved_config;
+      if (!resume_path.empty()) {
+        std::vector<std::string> warnings;
+        run.resume_dir = Checkpoints::resolve(resume_path, &warnings);
+        for (auto& w : warnings) run.notes.push_back("warning: " + w);
+        saved_config = (std::filesystem::path(run.resume_dir) / "config.toml").string();
+        if (run.out_dir.empty()) {
+          auto ckpt = std::filesystem::path(run.resume_dir);
+          run.out_dir = ckpt.parent_path().parent_path().string();
+        }
+      }
+      COHORT_CHECK(!run.out_dir.empty(), UsageError, "--out RUN_DIR is required (or --resume RUN_DIR)");
       if (!config_path.empty()) binding.apply_file(config_path);
+      if (!saved_config.empty()) binding.apply_file(saved_config);  // the base under --config and flags
       validate(cfg);
       run.config_toml = binding.to_toml();
-      Env env = process_env();
+      if (!saved_config.empty()) {
+        std::ifstream in(saved_config);
+        std::stringstream text;
+        text << in.rdbuf();
+        for (auto& change : check_resume_config(text.str(), run.config_toml)) {
+          run.notes.push_back("config change accepted on resume: " + change);
+        }
+      }
       if (!env.count("COHORT_RANK") && wants_launcher(launch)) {
         launch.timeout_s = cfg.dist.timeout;
         return launch_node(launch, std::vector<std::string>(argv, argv + argc));
       }
       comm_opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout * 1000));
       comm_opts.device = cfg.train.device;
+      comm_opts.generation = generation;
+      install_stop_handlers();
       auto spec = detect_rank_spec(env, launch.init_method);
       std::unique_ptr<Comm> comm = spec ? Comm::connect(*spec, comm_opts) : Comm::single(cfg.train.device);
       if (comm->size() > 1) who = "rank " + std::to_string(comm->rank()) + ": ";

@@ -76,7 +76,7 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
     } else {
       key->option = app.add_option(flags, field, help)->capture_default_str();
     }
-    key->option->group(group);
+    key->option->group(group)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     key->to_toml = [&field] { return toml_value(field); };
     keys_.push_back(std::move(key));
   };
@@ -115,6 +115,7 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("eval.max-samples", c.eval.max_samples, "evaluate on the first N samples only; 0 = all");
 
   bind("log.every-steps", c.log.every_steps, "console and metrics.jsonl line every N steps");
+  bind("log.sample-ids", c.log.sample_ids, "debug: write every rank's sample ids per step to RUN_DIR/sample-ids/");
 
   bind("ckpt.every-steps", c.ckpt.every_steps, "checkpoint every N steps; 0 = only at the end");
   bind("ckpt.keep", c.ckpt.keep, "checkpoints kept");

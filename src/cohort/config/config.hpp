@@ -61,6 +61,7 @@ struct EvalOptions {
 
 struct LogOptions {
   int64_t every_steps = 50;
+  bool sample_ids = false;    // RUN_DIR/sample-ids/rank-R.jsonl: ids per step
 };
 
 struct CkptOptions {

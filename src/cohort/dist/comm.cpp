@@ -195,12 +195,14 @@ std::unique_ptr<Comm> Comm::connect(const RankSpec& spec, const CommOptions& opt
   // the secret can neither join nor overwrite the job's keys.
   try {
     std::string proof = sha256_hex("cohort-proof:" + opts.secret);
-    if (spec.rank == 0) base->set("cohort/proof", to_bytes(proof));
-    base->wait({"cohort/proof"}, opts.timeout);
-    COHORT_CHECK(to_string(base->get("cohort/proof")) == proof, DistError, "rank ", spec.rank,
+    std::string proof_key = "cohort/proof/" + std::to_string(opts.generation);
+    if (spec.rank == 0) base->set(proof_key, to_bytes(proof));
+    base->wait({proof_key}, opts.timeout);
+    COHORT_CHECK(to_string(base->get(proof_key)) == proof, DistError, "rank ", spec.rank,
                  ": refused by the job at ", where,
                  ": its secret differs from ours. Set the same --dist.secret or COHORT_SECRET on every node.");
-    impl->store = c10::make_intrusive<c10d::PrefixStore>("cohort/" + sha256_hex(opts.secret).substr(0, 16), base);
+    impl->store = c10::make_intrusive<c10d::PrefixStore>(
+        detail::cat("cohort/", sha256_hex(opts.secret).substr(0, 16), "/", opts.generation), base);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

@@ -30,6 +30,7 @@ struct CommOptions {
   std::string iface;    // network interface for Gloo; "" picks one from the master address
   std::chrono::milliseconds heartbeat{1000};
   std::string device = "auto";  // train.device
+  int generation = 0;  // restart attempt: keys of earlier attempts are not seen
 };
 
 class Comm {

@@ -163,88 +163,102 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
   args.push_back(nullptr);
   pid_t launcher_pid = getpid();
 
-  std::vector<Worker> workers(static_cast<size_t>(o.nproc_per_node));
-  for (int local = 0; local < o.nproc_per_node; ++local) {
-    Worker& w = workers[static_cast<size_t>(local)];
-    w.local_rank = local;
-    w.rank = plan.first_rank + local;
-    std::map<std::string, std::string> env;
-    for (char** e = environ; e && *e; ++e) {
-      std::string kv(*e);
-      auto eq = kv.find('=');
-      if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
-    }
-    env["COHORT_RANK"] = std::to_string(w.rank);
-    env["COHORT_WORLD_SIZE"] = std::to_string(plan.world_size);
-    env["COHORT_LOCAL_RANK"] = std::to_string(local);
-    env["COHORT_LOCAL_WORLD_SIZE"] = std::to_string(o.nproc_per_node);
-    env["COHORT_NODE_RANK"] = std::to_string(o.node_rank);
-    env["COHORT_INIT_METHOD"] = plan.init;
-    std::vector<std::string> env_strings;
-    for (auto& [k, v] : env) env_strings.push_back(k + "=" + v);
-    std::vector<char*> envp;
-    for (auto& s : env_strings) envp.push_back(s.data());
-    envp.push_back(nullptr);
-
-    pid_t pid = fork();
-    COHORT_CHECK(pid >= 0, Error, "fork failed: ", std::strerror(errno));
-    if (pid == 0) {
-      setpgid(0, 0);  // signals reach workers only through the launcher
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != launcher_pid) _exit(1);  // the launcher died already
-      pthread_sigmask(SIG_SETMASK, &old, nullptr);
-      execve("/proc/self/exe", args.data(), envp.data());
-      _exit(127);
-    }
-    w.pid = pid;
-    w.running = true;
-  }
-
-  auto signal_all = [&](int sig) {
-    for (auto& w : workers) {
-      if (!w.running) continue;
-      kill(w.pid, sig);
-      if (sig == SIGTERM) kill(w.pid, SIGCONT);  // a stopped worker must wake to die
-    }
-  };
-  const Worker* failed = nullptr;
   int interrupted = 0;
-  Clock::time_point kill_at = Clock::time_point::max();
-  int running = o.nproc_per_node;
-  while (running > 0) {
-    timespec tick{0, 200 * 1000 * 1000};
-    siginfo_t info;
-    int sig = sigtimedwait(&watched, &info, &tick);
-    if ((sig == SIGINT || sig == SIGTERM || sig == SIGHUP) && !interrupted) {
-      interrupted = sig;
-      std::fprintf(stderr, "cohort: node %d: %s received, stopping %d worker(s)\n", o.node_rank, strsignal(sig),
-                   running);
-      signal_all(SIGTERM);
-      kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
+  auto run_generation = [&](int generation, std::vector<Worker>& workers) -> const Worker* {
+    for (int local = 0; local < o.nproc_per_node; ++local) {
+      Worker& w = workers[static_cast<size_t>(local)];
+      w.local_rank = local;
+      w.rank = plan.first_rank + local;
+      std::map<std::string, std::string> env;
+      for (char** e = environ; e && *e; ++e) {
+        std::string kv(*e);
+        auto eq = kv.find('=');
+        if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+      }
+      env["COHORT_RANK"] = std::to_string(w.rank);
+      env["COHORT_WORLD_SIZE"] = std::to_string(plan.world_size);
+      env["COHORT_LOCAL_RANK"] = std::to_string(local);
+      env["COHORT_LOCAL_WORLD_SIZE"] = std::to_string(o.nproc_per_node);
+      env["COHORT_NODE_RANK"] = std::to_string(o.node_rank);
+      env["COHORT_INIT_METHOD"] = plan.init;
+      env["COHORT_GENERATION"] = std::to_string(generation);
+      std::vector<std::string> env_strings;
+      for (auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+      std::vector<char*> envp;
+      for (auto& s : env_strings) envp.push_back(s.data());
+      envp.push_back(nullptr);
+
+      pid_t pid = fork();
+      COHORT_CHECK(pid >= 0, Error, "fork failed: ", std::strerror(errno));
+      if (pid == 0) {
+        setpgid(0, 0);  // signals reach workers only through the launcher
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != launcher_pid) _exit(1);  // the launcher died already
+        pthread_sigmask(SIG_SETMASK, &old, nullptr);
+        execve("/proc/self/exe", args.data(), envp.data());
+        _exit(127);
+      }
+      w.pid = pid;
+      w.running = true;
     }
-    for (;;) {
-      int status = 0;
-      pid_t pid = waitpid(-1, &status, WNOHANG);
-      if (pid <= 0) break;
+
+    auto signal_all = [&](int sig) {
       for (auto& w : workers) {
-        if (w.pid != pid || !w.running) continue;
-        w.running = false;
-        w.status = status;
-        --running;
-        bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-        if (!ok && !failed && !interrupted) {
-          failed = &w;
-          if (running > 0) {
-            signal_all(SIGTERM);
-            kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
+        if (!w.running) continue;
+        kill(w.pid, sig);
+        if (sig == SIGTERM) kill(w.pid, SIGCONT);  // a stopped worker must wake to die
+      }
+    };
+    const Worker* failed = nullptr;
+    Clock::time_point kill_at = Clock::time_point::max();
+    int running = o.nproc_per_node;
+    while (running > 0) {
+      timespec tick{0, 200 * 1000 * 1000};
+      siginfo_t info;
+      int sig = sigtimedwait(&watched, &info, &tick);
+      if ((sig == SIGINT || sig == SIGTERM || sig == SIGHUP) && !interrupted) {
+        interrupted = sig;
+        std::fprintf(stderr, "cohort: node %d: %s received; %d worker(s) checkpoint and stop\n", o.node_rank,
+                     strsignal(sig), running);
+        signal_all(SIGTERM);
+        kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.stop_grace_s * 1000));
+      }
+      for (;;) {
+        int status = 0;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid <= 0) break;
+        for (auto& w : workers) {
+          if (w.pid != pid || !w.running) continue;
+          w.running = false;
+          w.status = status;
+          --running;
+          bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+          if (!ok && !failed && !interrupted) {
+            failed = &w;
+            // The others may be blocked in a collective with the dead rank;
+            // their state is in the last checkpoint, so stop them at once.
+            if (running > 0) signal_all(SIGKILL);
           }
         }
       }
+      if (running > 0 && Clock::now() >= kill_at) {
+        signal_all(SIGKILL);
+        kill_at = Clock::time_point::max();
+      }
     }
-    if (running > 0 && Clock::now() >= kill_at) {
-      signal_all(SIGKILL);
-      kill_at = Clock::time_point::max();
-    }
+
+    return failed;
+  };
+
+  const Worker* failed = nullptr;
+  std::vector<Worker> workers;
+  for (int generation = 0;; ++generation) {
+    workers.assign(static_cast<size_t>(o.nproc_per_node), Worker{});
+    failed = run_generation(generation, workers);
+    if (!failed || interrupted || generation >= o.max_restarts) break;
+    std::fprintf(stderr, "cohort: node %d: rank %d %s; restarting all %d local rank(s) from the latest checkpoint "
+                 "(restart %d of %d)\n", o.node_rank, failed->rank, describe_status(failed->status).c_str(),
+                 o.nproc_per_node, generation + 1, o.max_restarts);
   }
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
 

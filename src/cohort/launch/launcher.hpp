@@ -4,9 +4,11 @@
 // (contiguous ranges in node-rank order, or HetSeq's explicit first rank),
 // hosts the rendezvous store on node 0, starts one worker per local rank by
 // re-executing this binary with COHORT_* variables, and supervises them:
-// SIGINT/SIGTERM are forwarded; when a worker exits non-zero or is killed the
-// others are stopped (SIGTERM, then SIGKILL after a grace period) and the
-// launcher exits non-zero naming the rank and the cause. Workers die with the
+// SIGINT/SIGTERM are forwarded (workers checkpoint and stop); when a worker
+// exits non-zero or is killed the others are killed at once (their state is
+// in the last checkpoint) and either all are restarted from it, up to
+// max_restarts times, or the launcher exits non-zero naming the rank and the
+// cause. Workers die with the
 // launcher (PR_SET_PDEATHSIG), so nothing is left behind.
 #pragma once
 
@@ -23,7 +25,8 @@ struct LaunchOptions {
   int world_size = 0;        // HetSeq --distributed-world-size; 0: sum over nodes
   int first_rank = -1;       // HetSeq --distributed-rank: first global rank here
   double timeout_s = 300;    // rendezvous of the nodes
-  double grace_s = 10;       // SIGTERM -> SIGKILL for stopping workers
+  double stop_grace_s = 300;  // after SIGINT/SIGTERM: time to checkpoint before SIGKILL
+  int max_restarts = 0;       // restart this node's ranks from the latest checkpoint when one dies
 };
 
 // True when these options ask for a launcher rather than a single process.

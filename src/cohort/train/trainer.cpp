@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/data/loader.hpp"
 #include "cohort/dist/comm.hpp"
@@ -18,6 +19,7 @@
 #include "cohort/train/evaluate.hpp"
 #include "cohort/train/optim.hpp"
 #include "cohort/train/runtime.hpp"
+#include "cohort/train/stop.hpp"
 #include "cohort/train/task.hpp"
 
 namespace cohort {
@@ -68,12 +70,17 @@ void zero_gradients(torch::nn::Module& module) {
 void prepare_run_dir(const RunOptions& run) {
   COHORT_CHECK(!run.out_dir.empty(), UsageError, "--out RUN_DIR is required");
   fs::path dir(run.out_dir);
-  COHORT_CHECK(run.overwrite || !fs::exists(dir / "metrics.jsonl"), UsageError, run.out_dir,
-               " already holds a run (metrics.jsonl); choose a new --out, or pass --overwrite");
+  COHORT_CHECK(run.overwrite || !run.resume_dir.empty() || !fs::exists(dir / "metrics.jsonl"), UsageError,
+               run.out_dir, " already holds a run (metrics.jsonl); choose a new --out, continue it with --resume ",
+               run.out_dir, ", or pass --overwrite");
   std::error_code ec;
   fs::create_directories(dir, ec);
   COHORT_CHECK(!ec, Error, run.out_dir, ": cannot create directory (", ec.message(), ")");
-  if (run.overwrite) fs::remove(dir / "metrics.jsonl", ec);
+  if (run.overwrite && run.resume_dir.empty()) {
+    fs::remove(dir / "metrics.jsonl", ec);
+    fs::remove_all(dir / "checkpoints", ec);
+    fs::remove_all(dir / "sample-ids", ec);
+  }
   std::ofstream cfg(dir / "config.toml");
   cfg << run.config_toml;
   COHORT_CHECK(cfg.good(), Error, (dir / "config.toml").string(), ": write failed");
@@ -95,6 +102,8 @@ struct Trainer::State {
   LrSchedule schedule;
   MetricsLog log;
   std::shared_ptr<const Dataset> eval_data;
+  std::unique_ptr<Checkpoints> checkpoints;
+  std::ofstream sample_log;  // log.sample-ids: this rank's ids per step
 
   int64_t step = 0;
   int64_t total_steps = 0;
@@ -115,6 +124,8 @@ struct Trainer::State {
   double train_step(const StepBatch& batch);
   void log_train(int64_t epoch);
   void run_eval();
+  void resume(const std::string& dir);
+  void save_checkpoint();
   bool due(int64_t every) const { return every > 0 && step % every == 0; }
 };
 
@@ -148,6 +159,11 @@ Trainer::Trainer(Config cfg, Comm& comm, RunOptions run) : s_(std::make_unique<S
                                           s.cfg.data.drop_last);
   s.total_steps = s.cfg.train.max_steps > 0 ? s.cfg.train.max_steps
                                              : s.cfg.train.epochs * s.order->steps_per_epoch();
+  s.optimizer = make_optimizer(s.cfg.optim, *s.task->module());
+  s.schedule = LrSchedule::from(s.cfg.optim, s.total_steps);
+  s.interval = s.task->empty_tally();
+  if (!s.run.resume_dir.empty()) s.resume(s.run.resume_dir);
+
   LoaderOptions lo;
   lo.rank = s.world.rank;
   lo.world_size = s.world.world_size;
@@ -155,12 +171,88 @@ Trainer::Trainer(Config cfg, Comm& comm, RunOptions run) : s_(std::make_unique<S
   lo.workers = s.cfg.data.workers;
   lo.prefetch = s.cfg.data.prefetch;
   s.loader = std::make_unique<Loader>(train, *s.order, lo, s.cursor);
-  s.optimizer = make_optimizer(s.cfg.optim, *s.task->module());
-  s.schedule = LrSchedule::from(s.cfg.optim, s.total_steps);
-  s.interval = s.task->empty_tally();
+  s.checkpoints = std::make_unique<Checkpoints>(s.run.out_dir, s.cfg.ckpt.keep);
   // Only now, with config, model and data all accepted, touch the run dir.
   if (s.world.is_main()) prepare_run_dir(s.run);
+  comm.barrier("run directory set-up");
   if (s.world.is_main()) s.log = MetricsLog((fs::path(s.run.out_dir) / "metrics.jsonl").string());
+  if (s.cfg.log.sample_ids) {
+    fs::create_directories(fs::path(s.run.out_dir) / "sample-ids");
+    s.sample_log.open(fs::path(s.run.out_dir) / "sample-ids" / ("rank-" + std::to_string(s.world.rank) + ".jsonl"),
+                      std::ios::app);
+  }
+}
+
+// Loads a verified checkpoint: weights, optimizer, step and cursor; this
+// rank's RNG state when the world size is unchanged (at another world size
+// ranks keep their seed-derived streams: dropout masks are drawn per rank).
+void Trainer::State::resume(const std::string& dir) {
+  CheckpointState st = Checkpoints::verify(dir);
+  auto weights = load_safetensors((fs::path(dir) / "model.safetensors").string());
+  auto& module = *task->module();
+  torch::NoGradGuard no_grad;
+  size_t matched = 0;
+  auto load_into = [&](const std::string& name, torch::Tensor& dst) {
+    auto it = weights.tensors.find(name);
+    COHORT_CHECK(it != weights.tensors.end(), ConfigError, dir, "/model.safetensors has no tensor '", name,
+                 "' that the model (model.name ", cfg.model.name, ") needs: was the model changed?");
+    COHORT_CHECK(it->second.sizes() == dst.sizes(), ConfigError, dir, "/model.safetensors: tensor '", name,
+                 "' has shape ", it->second.sizes(), " but the model expects ", dst.sizes(),
+                 ": a model.* key changed since the checkpoint");
+    dst.copy_(it->second.to(dst.device()));
+    ++matched;
+  };
+  for (auto& item : module.named_parameters()) load_into(item.key(), item.value());
+  for (auto& item : module.named_buffers()) load_into(item.key(), item.value());
+  COHORT_CHECK(matched == weights.tensors.size(), ConfigError, dir, "/model.safetensors has ",
+               weights.tensors.size() - matched, " tensor(s) the model does not have: was the model changed?");
+  torch::load(*optimizer, (fs::path(dir) / "optimizer.pt").string());
+  if (st.world_size == world.world_size) {
+    auto rng = load_safetensors((fs::path(dir) / "rng.safetensors").string());
+    auto it = rng.tensors.find("rank." + std::to_string(world.rank));
+    COHORT_CHECK(it != rng.tensors.end(), DataError, dir, "/rng.safetensors lacks rank.", world.rank);
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(it->second.to(torch::kUInt8));
+  }
+  step = st.step;
+  cursor = st.cursor;
+  samples_seen = st.samples_seen;
+  COHORT_CHECK(cursor.consumed < order->usable(), DataError, dir, ": cursor ", cursor.consumed,
+               " is outside the epoch's ", order->usable(), " samples: is this the same dataset?");
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "resumed from %s: step %lld, epoch %lld, %lld samples into the epoch (written by %d "
+                "rank(s), now %d)", dir.c_str(), static_cast<long long>(step), static_cast<long long>(cursor.epoch),
+                static_cast<long long>(cursor.consumed), st.world_size, world.world_size);
+  run.notes.push_back(buf);
+}
+
+void Trainer::State::save_checkpoint() {
+  auto t0 = Clock::now();
+  auto& module = *task->module();
+  NamedTensors model;
+  for (auto& item : module.named_parameters()) model.emplace_back(item.key(), item.value());
+  for (auto& item : module.named_buffers()) model.emplace_back(item.key(), item.value());
+  torch::Tensor state;
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    state = gen.get_state().to(torch::kInt64);
+  }
+  auto states = comm->all_gather(state, "checkpoint RNG gather");
+  if (world.is_main()) {
+    NamedTensors rng;
+    for (size_t r = 0; r < states.size(); ++r) rng.emplace_back("rank." + std::to_string(r), states[r].to(torch::kUInt8));
+    CheckpointState st;
+    st.step = step;
+    st.cursor = cursor;
+    st.samples_seen = samples_seen;
+    st.world_size = world.world_size;
+    std::string dir = checkpoints->write(st, model, *optimizer, rng, run.config_toml);
+    say("ckpt  step %lld  %s  (%s)\n", static_cast<long long>(step), dir.c_str(),
+        format_duration(seconds_since(t0)).c_str());
+  }
+  comm->barrier("checkpoint write");
 }
 
 Trainer::~Trainer() = default;
@@ -289,6 +381,7 @@ void Trainer::State::run_eval() {
 
 RunSummary Trainer::run() {
   State& s = *s_;
+  for (const auto& note : s.run.notes) s.say("cohort: %s\n", note.c_str());
   s.announce_plan();
   s.start = s.interval_start = Clock::now();
   int64_t last_eval = -1;
@@ -301,6 +394,10 @@ RunSummary Trainer::run() {
     ++s.interval_steps;
     ++s.step;
     s.cursor = batch.next;
+    if (s.sample_log.is_open()) {
+      s.sample_log << nlohmann::json({{"step", s.step}, {"epoch", batch.cursor.epoch}, {"ids", batch.indices}}).dump()
+                   << '\n' << std::flush;
+    }
     bool epoch_end = batch.next.epoch != batch.cursor.epoch;
     bool last = s.step == s.total_steps;
     if (s.due(s.cfg.log.every_steps) || last) {
@@ -310,6 +407,14 @@ RunSummary Trainer::run() {
     if (s.due(s.cfg.eval.every_steps) || (s.cfg.eval.every_steps == 0 && epoch_end) || last) {
       if (last_eval != s.step) s.run_eval();
       last_eval = s.step;
+    }
+    // Ranks agree on stopping: a signal may reach them at different steps.
+    bool stop = s.comm->all_reduce_sum(std::vector<double>{stop_requested() ? 1.0 : 0.0}, "stop check")[0] > 0;
+    if (s.due(s.cfg.ckpt.every_steps) || last || stop) s.save_checkpoint();
+    if (stop) {
+      s.say("cohort: stopped by a signal at step %lld; continue with --resume %s\n", static_cast<long long>(s.step),
+            s.run.out_dir.c_str());
+      break;
     }
   }
   s.summary.steps = s.step;

@@ -17,6 +17,8 @@ struct RunOptions {
   std::string config_toml;   // the resolved config, written to RUN_DIR/config.toml
   bool overwrite = false;    // allow an out_dir that already holds a run
   bool quiet = false;        // no console lines (tests)
+  std::string resume_dir;    // a verified checkpoint dir to continue from
+  std::vector<std::string> notes;  // printed by rank 0 at start (resume warnings)
 };
 
 struct RunSummary {

@@ -1,0 +1,208 @@
+#include "cohort/ckpt/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+#include <torch/serialize.h>
+
+#include <algorithm>
+#include <map>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "cohort/core/error.hpp"
+#include "cohort/core/sha256.hpp"
+
+namespace cohort {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void fsync_path(const fs::path& p, bool directory) {
+  int fd = ::open(p.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  COHORT_CHECK(fd >= 0, Error, p.string(), ": cannot open to sync (", std::strerror(errno), ")");
+  int rc = ::fsync(fd);
+  ::close(fd);
+  COHORT_CHECK(rc == 0, Error, p.string(), ": fsync failed (", std::strerror(errno), ")");
+}
+
+std::string read_all(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  COHORT_CHECK(in.good(), DataError, p.string(), ": missing or unreadable");
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+void write_all(const fs::path& p, const std::string& bytes) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out << bytes;
+  out.flush();
+  COHORT_CHECK(out.good(), Error, p.string(), ": write failed (disk full?)");
+}
+
+const char* const kFiles[] = {"model.safetensors", "optimizer.pt", "rng.safetensors", "config.toml"};
+
+int64_t step_of(const std::string& name) {
+  if (name.rfind("step-", 0) != 0) return -1;
+  try {
+    return std::stoll(name.substr(5));
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+}  // namespace
+
+Checkpoints::Checkpoints(std::string run_dir, int keep)
+    : root_((fs::path(run_dir) / "checkpoints").string()), keep_(keep) {}
+
+std::string Checkpoints::dir_name(int64_t step) { return "step-" + std::to_string(step); }
+
+std::string Checkpoints::write(const CheckpointState& state, const NamedTensors& model,
+                               torch::optim::Optimizer& optimizer, const NamedTensors& rng,
+                               const std::string& config_toml) {
+  fs::create_directories(root_);
+  fs::path final_dir = fs::path(root_) / dir_name(state.step);
+  fs::path tmp = fs::path(root_) / (".tmp-" + dir_name(state.step));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+
+  save_safetensors((tmp / "model.safetensors").string(), model, {{"format", "pt"}});
+  torch::save(optimizer, (tmp / "optimizer.pt").string());
+  save_safetensors((tmp / "rng.safetensors").string(), rng);
+  write_all(tmp / "config.toml", config_toml);
+
+  nlohmann::json manifest = {{"format_version", CheckpointState::kFormatVersion},
+                             {"step", state.step},
+                             {"epoch", state.cursor.epoch},
+                             {"consumed", state.cursor.consumed},
+                             {"samples_seen", state.samples_seen},
+                             {"world_size", state.world_size}};
+  for (const char* f : kFiles) {
+    manifest["sha256"][f] = sha256_hex(read_all(tmp / f));
+    fsync_path(tmp / f, false);
+  }
+  write_all(tmp / "state.json", manifest.dump(2) + "\n");
+  fsync_path(tmp / "state.json", false);
+  fsync_path(tmp, true);
+
+  fs::remove_all(final_dir);  // an older attempt at the same step
+  fs::rename(tmp, final_dir);
+  fsync_path(root_, true);
+
+  fs::path latest_tmp = fs::path(root_) / ".latest.tmp";
+  write_all(latest_tmp, dir_name(state.step) + "\n");
+  fsync_path(latest_tmp, false);
+  fs::rename(latest_tmp, fs::path(root_) / "latest");
+  fsync_path(root_, true);
+
+  // Keep the newest `keep` checkpoints.
+  std::vector<std::pair<int64_t, fs::path>> all;
+  for (const auto& e : fs::directory_iterator(root_)) {
+    int64_t s = step_of(e.path().filename().string());
+    if (s >= 0 && e.is_directory()) all.emplace_back(s, e.path());
+  }
+  std::sort(all.rbegin(), all.rend());
+  for (size_t i = static_cast<size_t>(keep_); i < all.size(); ++i) fs::remove_all(all[i].second);
+  return final_dir.string();
+}
+
+CheckpointState Checkpoints::verify(const std::string& dir) {
+  fs::path d(dir);
+  std::string text = read_all(d / "state.json");
+  nlohmann::json m;
+  try {
+    m = nlohmann::json::parse(text);
+  } catch (const std::exception& e) {
+    throw DataError(detail::cat((d / "state.json").string(), ": not valid JSON (", e.what(), ")"));
+  }
+  try {
+    int version = m.at("format_version").get<int>();
+    COHORT_CHECK(version == CheckpointState::kFormatVersion, DataError, (d / "state.json").string(),
+                 ": format version ", version, ", this cohort reads version ", CheckpointState::kFormatVersion);
+    for (const char* f : kFiles) {
+      std::string want = m.at("sha256").at(f).get<std::string>();
+      COHORT_CHECK(sha256_hex(read_all(d / f)) == want, DataError, (d / f).string(),
+                   ": checksum mismatch (corrupt or partly written)");
+    }
+    CheckpointState s;
+    s.step = m.at("step").get<int64_t>();
+    s.cursor = {m.at("epoch").get<int64_t>(), m.at("consumed").get<int64_t>()};
+    s.samples_seen = m.at("samples_seen").get<int64_t>();
+    s.world_size = m.at("world_size").get<int>();
+    return s;
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(detail::cat((d / "state.json").string(), ": missing field (", e.what(), ")"));
+  }
+}
+
+std::string Checkpoints::resolve(const std::string& path, std::vector<std::string>* warnings) {
+  fs::path p(path);
+  if (fs::exists(p / "state.json")) {
+    verify(p.string());
+    return p.string();
+  }
+  fs::path root = fs::exists(p / "checkpoints") ? p / "checkpoints" : p;
+  COHORT_CHECK(fs::is_directory(root), DataError, path, ": no checkpoints here (expected RUN_DIR/checkpoints/)");
+  std::vector<std::pair<int64_t, fs::path>> all;
+  for (const auto& e : fs::directory_iterator(root)) {
+    int64_t s = step_of(e.path().filename().string());
+    if (s >= 0 && e.is_directory()) all.emplace_back(s, e.path());
+  }
+  std::sort(all.rbegin(), all.rend());
+  // `latest` names the newest complete one; a newer directory can only be a
+  // half-finished rename, and an older `latest` a crash before its update:
+  // either way the newest directory that verifies is the one to use.
+  for (const auto& [step, dir] : all) {
+    try {
+      verify(dir.string());
+      return dir.string();
+    } catch (const DataError& e) {
+      if (warnings) warnings->push_back(detail::cat("skipping checkpoint ", dir.string(), ": ", e.what()));
+    }
+  }
+  throw DataError(detail::cat(path, ": no complete checkpoint to resume from"));
+}
+
+std::vector<std::pair<std::string, std::string>> read_config_values(const std::string& toml_text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::istringstream in(toml_text);
+  std::string section;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    if (line.front() == '[' && line.back() == ']') {
+      section = line.substr(1, line.size() - 2);
+      continue;
+    }
+    auto eq = line.find(" = ");
+    if (eq == std::string::npos) continue;
+    out.emplace_back(section + "." + line.substr(0, eq), line.substr(eq + 3));
+  }
+  return out;
+}
+
+std::vector<std::string> check_resume_config(const std::string& saved_toml, const std::string& current_toml) {
+  // Keys that define what is trained and on which samples in which order.
+  static const char* const kRefused[] = {"model.", "train.task", "train.seed", "data.path", "data.drop-last",
+                                         "data.global-batch", "optim.name"};
+  std::map<std::string, std::string> saved;
+  for (auto& [k, v] : read_config_values(saved_toml)) saved[k] = v;
+  std::vector<std::string> changes;
+  for (auto& [key, value] : read_config_values(current_toml)) {
+    auto it = saved.find(key);
+    if (it == saved.end() || it->second == value) continue;
+    for (const char* r : kRefused) {
+      bool match = std::string(r).back() == '.' ? key.rfind(r, 0) == 0 : key == r;
+      COHORT_CHECK(!match, ConfigError, "cannot resume: ", key, " was ", it->second, " in the checkpoint but is ",
+                   value, " now; it changes what is trained. Resume with the original value or start a new run");
+    }
+    changes.push_back(key + ": " + it->second + " -> " + value);
+  }
+  return changes;
+}
+
+}  // namespace cohort
