@@ -137,7 +137,8 @@ TEST(Launch, InterruptStopsEveryWorker) {
   kill(job.pid(), SIGINT);
   int code = job.wait(20s);
   EXPECT_EQ(code, 128 + SIGINT) << job.err();
-  EXPECT_NE(job.err().find("interrupted"), std::string::npos) << job.err();
+  EXPECT_NE(job.err().find("after every rank checkpointed"), std::string::npos) << job.err();
+  EXPECT_TRUE(std::filesystem::exists(tmp / "run/checkpoints/latest")) << "no checkpoint on SIGINT";
   for (pid_t p : workers) EXPECT_FALSE(alive(p));
 }
 

@@ -111,9 +111,12 @@ int main(int argc, char** argv) {
       // A worker restarted by the launcher resumes from the run's latest
       // checkpoint when there is one.
       int generation = env.count("COHORT_GENERATION") ? std::stoi(env["COHORT_GENERATION"]) : 0;
-      if (resume_path.empty() && generation > 0 && !run.out_dir.empty() &&
-          std::filesystem::exists(std::filesystem::path(run.out_dir) / "checkpoints" / "latest")) {
-        resume_path = run.out_dir;
+      if (generation > 0 && !run.out_dir.empty()) {
+        // A restart continues from the run's own newest checkpoint (not an
+        // older one named by --resume), or starts afresh if it has none yet.
+        bool has_ckpt = std::filesystem::exists(std::filesystem::path(run.out_dir) / "checkpoints" / "latest");
+        resume_path = has_ckpt ? run.out_dir : "";
+        run.overwrite = run.overwrite || !has_ckpt;
       }
       std::string saved_config;
       if (!resume_path.empty()) {
@@ -122,7 +125,8 @@ int main(int argc, char** argv) {
         for (auto& w : warnings) run.notes.push_back("warning: " + w);
         saved_config = (std::filesystem::path(run.resume_dir) / "config.toml").string();
         if (run.out_dir.empty()) {
-          auto ckpt = std::filesystem::path(run.resume_dir);
+          auto ckpt = std::filesystem::path(run.resume_dir).lexically_normal();
+          if (!ckpt.has_filename()) ckpt = ckpt.parent_path();
           run.out_dir = ckpt.parent_path().parent_path().string();
         }
       }
@@ -150,6 +154,13 @@ int main(int argc, char** argv) {
       auto spec = detect_rank_spec(env, launch.init_method);
       std::unique_ptr<Comm> comm = spec ? Comm::connect(*spec, comm_opts) : Comm::single(cfg.train.device);
       if (comm->size() > 1) who = "rank " + std::to_string(comm->rank()) + ": ";
+      // Testing aid for the straggler report: COHORT_DEBUG_DELAY=RANK:MS
+      // makes one rank's forward passes that much slower.
+      if (auto it = env.find("COHORT_DEBUG_DELAY"); it != env.end()) {
+        auto colon = it->second.find(':');
+        if (colon != std::string::npos && std::stoi(it->second.substr(0, colon)) == comm->rank())
+          run.debug_delay_ms = std::stoi(it->second.substr(colon + 1));
+      }
       Trainer(cfg, *comm, run).run();
     }
     return 0;

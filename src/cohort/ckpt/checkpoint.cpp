@@ -68,7 +68,9 @@ std::string Checkpoints::write(const CheckpointState& state, const NamedTensors&
   fs::create_directories(root_);
   fs::path final_dir = fs::path(root_) / dir_name(state.step);
   fs::path tmp = fs::path(root_) / (".tmp-" + dir_name(state.step));
-  fs::remove_all(tmp);
+  for (const auto& e : fs::directory_iterator(root_)) {
+    if (e.path().filename().string().rfind(".tmp-", 0) == 0) fs::remove_all(e.path());  // crashed writes
+  }
   fs::create_directories(tmp);
 
   save_safetensors((tmp / "model.safetensors").string(), model, {{"format", "pt"}});
@@ -154,10 +156,21 @@ std::string Checkpoints::resolve(const std::string& path, std::vector<std::strin
     if (s >= 0 && e.is_directory()) all.emplace_back(s, e.path());
   }
   std::sort(all.rbegin(), all.rend());
-  // `latest` names the newest complete one; a newer directory can only be a
-  // half-finished rename, and an older `latest` a crash before its update:
-  // either way the newest directory that verifies is the one to use.
+  // `latest` names the checkpoint written last. If it does not verify (or a
+  // crash came between a rename and its update), fall back to the highest
+  // step that does.
+  std::ifstream latest(root / "latest");
+  std::string name;
+  if (latest && std::getline(latest, name) && step_of(name) >= 0) {
+    try {
+      verify((root / name).string());
+      return (root / name).string();
+    } catch (const DataError& e) {
+      if (warnings) warnings->push_back(detail::cat("skipping checkpoint ", (root / name).string(), ": ", e.what()));
+    }
+  }
   for (const auto& [step, dir] : all) {
+    if (dir.filename() == name) continue;
     try {
       verify(dir.string());
       return dir.string();

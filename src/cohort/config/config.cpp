@@ -93,7 +93,7 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("data.path", c.data.path, "dataset directory");
   bind("data.global-batch", c.data.global_batch, "samples per optimizer step, summed over all ranks and micro-batches");
   bind("data.workers", c.data.workers, "background loader threads per rank; 0 loads inline");
-  bind("data.prefetch", c.data.prefetch, "micro-batches prepared ahead per rank");
+  bind("data.prefetch", c.data.prefetch, "steps prepared ahead per rank");
   bind("data.drop-last", c.data.drop_last, "drop the epoch's last, short global batch");
 
   bind("optim.name", c.optim.name, "adamw | sgd");
@@ -115,6 +115,7 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("eval.max-samples", c.eval.max_samples, "evaluate on the first N samples only; 0 = all");
 
   bind("log.every-steps", c.log.every_steps, "console and metrics.jsonl line every N steps");
+  bind("log.tensorboard", c.log.tensorboard, "write TensorBoard scalars to RUN_DIR/tensorboard/");
   bind("log.sample-ids", c.log.sample_ids, "debug: write every rank's sample ids per step to RUN_DIR/sample-ids/");
 
   bind("ckpt.every-steps", c.ckpt.every_steps, "checkpoint every N steps; 0 = only at the end");

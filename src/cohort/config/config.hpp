@@ -62,6 +62,7 @@ struct EvalOptions {
 struct LogOptions {
   int64_t every_steps = 50;
   bool sample_ids = false;    // RUN_DIR/sample-ids/rank-R.jsonl: ids per step
+  bool tensorboard = true;    // RUN_DIR/tensorboard/events.out.tfevents.*
 };
 
 struct CkptOptions {

@@ -86,11 +86,13 @@ struct Comm::Impl {
   void beat() {
     std::unique_lock<std::mutex> lock(mu);
     while (!stop) {
+      lock.unlock();  // a stalled store must not block shutdown
       try {
         store->set("hb/" + std::to_string(spec.rank), to_bytes(std::to_string(now_ms())));
       } catch (const std::exception&) {
         // The store's host is gone; the next collective reports it.
       }
+      lock.lock();
       cv.wait_for(lock, opts.heartbeat, [&] { return stop; });
     }
   }

@@ -51,7 +51,7 @@ std::string describe_status(int status) {
 }  // namespace
 
 bool wants_launcher(const LaunchOptions& o) {
-  return o.nproc_per_node > 1 || o.nnodes > 1 || o.first_rank >= 0 || o.world_size > 0;
+  return o.nproc_per_node > 1 || o.nnodes > 1 || o.first_rank >= 0 || o.world_size > 0 || o.max_restarts > 0;
 }
 
 int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
@@ -60,6 +60,17 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
   COHORT_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, UsageError, "--node-rank ", o.node_rank,
                " is outside --nnodes ", o.nnodes);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
+
+  // Block the signals we supervise before any thread exists (the store's
+  // server thread inherits the mask); sigtimedwait collects them below.
+  sigset_t watched, old;
+  sigemptyset(&watched);
+  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&watched, s);
+  pthread_sigmask(SIG_BLOCK, &watched, &old);
+  struct RestoreMask {
+    sigset_t mask;
+    ~RestoreMask() { pthread_sigmask(SIG_SETMASK, &mask, nullptr); }
+  } restore{old};
 
   // Resolve the ranks of this node and the store workers meet at.
   Plan plan;
@@ -149,11 +160,6 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
   std::fprintf(stderr, "cohort: node %d: ranks %d..%d of %d, rendezvous %s\n", o.node_rank, plan.first_rank,
                plan.first_rank + o.nproc_per_node - 1, plan.world_size, plan.init.c_str());
 
-  // Block the signals we supervise; sigtimedwait collects them below.
-  sigset_t watched, old;
-  sigemptyset(&watched);
-  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&watched, s);
-  pthread_sigmask(SIG_BLOCK, &watched, &old);
 
   // Everything a child touches between fork and exec is prepared here:
   // only async-signal-safe calls happen in the child.
@@ -216,7 +222,10 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
       timespec tick{0, 200 * 1000 * 1000};
       siginfo_t info;
       int sig = sigtimedwait(&watched, &info, &tick);
-      if ((sig == SIGINT || sig == SIGTERM || sig == SIGHUP) && !interrupted) {
+      if ((sig == SIGINT || sig == SIGTERM || sig == SIGHUP) && interrupted) {
+        std::fprintf(stderr, "cohort: node %d: second %s: killing the workers now\n", o.node_rank, strsignal(sig));
+        signal_all(SIGKILL);
+      } else if ((sig == SIGINT || sig == SIGTERM || sig == SIGHUP) && !interrupted) {
         interrupted = sig;
         std::fprintf(stderr, "cohort: node %d: %s received; %d worker(s) checkpoint and stop\n", o.node_rank,
                      strsignal(sig), running);
@@ -255,13 +264,12 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
   for (int generation = 0;; ++generation) {
     workers.assign(static_cast<size_t>(o.nproc_per_node), Worker{});
     failed = run_generation(generation, workers);
-    if (!failed || interrupted || generation >= o.max_restarts) break;
+    bool usage_error = failed && WIFEXITED(failed->status) && WEXITSTATUS(failed->status) == 2;
+    if (!failed || interrupted || usage_error || generation >= o.max_restarts) break;
     std::fprintf(stderr, "cohort: node %d: rank %d %s; restarting all %d local rank(s) from the latest checkpoint "
                  "(restart %d of %d)\n", o.node_rank, failed->rank, describe_status(failed->status).c_str(),
                  o.nproc_per_node, generation + 1, o.max_restarts);
   }
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-
   if (failed) {
     std::fprintf(stderr, "cohort: error: rank %d (node %d, local rank %d, pid %d) %s; stopped the other %d rank(s) "
                  "on this node\n", failed->rank, o.node_rank, failed->local_rank, static_cast<int>(failed->pid),
@@ -269,7 +277,15 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
     return WIFEXITED(failed->status) && WEXITSTATUS(failed->status) == 2 ? 2 : 1;
   }
   if (interrupted) {
-    std::fprintf(stderr, "cohort: error: node %d: interrupted by %s\n", o.node_rank, strsignal(interrupted));
+    bool clean = true;
+    for (const auto& w : workers) clean = clean && WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0;
+    if (clean) {
+      std::fprintf(stderr, "cohort: node %d: stopped by %s after every rank checkpointed; continue with --resume\n",
+                   o.node_rank, strsignal(interrupted));
+    } else {
+      std::fprintf(stderr, "cohort: error: node %d: interrupted by %s and not every rank stopped cleanly\n",
+                   o.node_rank, strsignal(interrupted));
+    }
     return 128 + interrupted;
   }
   return 0;

@@ -34,7 +34,9 @@ Runtime setup_runtime(const TrainOptions& opts, const World& world) {
   rt.threads = opts.threads > 0 ? opts.threads : std::max(1, rt.cores / std::max(1, world.local_world_size));
   torch::set_num_threads(rt.threads);
 
-  torch::manual_seed(opts.seed + static_cast<uint64_t>(world.rank));
+  // Distinct streams per (seed, rank): seed s rank 1 must not equal seed s+1 rank 0.
+  uint64_t x = opts.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(world.rank) * 0xBF58476D1CE4E5B9ull;
+  torch::manual_seed((x ^ (x >> 31)) & ((uint64_t(1) << 63) - 1));
   return rt;
 }
 

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/core/error.hpp"
@@ -16,6 +17,7 @@
 #include "cohort/dist/comm.hpp"
 #include "cohort/dist/grad_sync.hpp"
 #include "cohort/obs/metrics_log.hpp"
+#include "cohort/obs/tensorboard.hpp"
 #include "cohort/train/evaluate.hpp"
 #include "cohort/train/optim.hpp"
 #include "cohort/train/runtime.hpp"
@@ -101,11 +103,13 @@ struct Trainer::State {
   std::unique_ptr<GradSync> grad_sync;
   LrSchedule schedule;
   MetricsLog log;
+  TensorBoardWriter tensorboard;
   std::shared_ptr<const Dataset> eval_data;
   std::unique_ptr<Checkpoints> checkpoints;
   std::ofstream sample_log;  // log.sample-ids: this rank's ids per step
 
   int64_t step = 0;
+  int64_t start_step = 0;  // where this session began (after a resume)
   int64_t total_steps = 0;
   int64_t samples_seen = 0;
   Cursor cursor;
@@ -176,6 +180,9 @@ Trainer::Trainer(Config cfg, Comm& comm, RunOptions run) : s_(std::make_unique<S
   if (s.world.is_main()) prepare_run_dir(s.run);
   comm.barrier("run directory set-up");
   if (s.world.is_main()) s.log = MetricsLog((fs::path(s.run.out_dir) / "metrics.jsonl").string());
+  if (s.world.is_main() && s.cfg.log.tensorboard) {
+    s.tensorboard = TensorBoardWriter((fs::path(s.run.out_dir) / "tensorboard").string());
+  }
   if (s.cfg.log.sample_ids) {
     fs::create_directories(fs::path(s.run.out_dir) / "sample-ids");
     s.sample_log.open(fs::path(s.run.out_dir) / "sample-ids" / ("rank-" + std::to_string(s.world.rank) + ".jsonl"),
@@ -218,6 +225,19 @@ void Trainer::State::resume(const std::string& dir) {
   step = st.step;
   cursor = st.cursor;
   samples_seen = st.samples_seen;
+  // Checkpoints newer than the one resumed belong to an abandoned future:
+  // move them aside (never delete) so `latest` and pruning see this line.
+  if (world.is_main()) {
+    fs::path root = fs::path(run.out_dir) / "checkpoints";
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(root, ec)) {
+      std::string n = e.path().filename().string();
+      if (n.rfind("step-", 0) == 0 && std::stoll(n.substr(5)) > step) {
+        fs::rename(e.path(), root / ("abandoned-" + n), ec);
+        run.notes.push_back("moved aside newer checkpoint " + n + " (now abandoned-" + n + ")");
+      }
+    }
+  }
   COHORT_CHECK(cursor.consumed < order->usable(), DataError, dir, ": cursor ", cursor.consumed,
                " is outside the epoch's ", order->usable(), " samples: is this the same dataset?");
   char buf[256];
@@ -300,6 +320,7 @@ double Trainer::State::train_step(const StepBatch& batch) {
       AutocastScope autocast(cfg.train.precision == "bf16");
       out = task->forward(to_device(micro, world.device));
     }
+    if (run.debug_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(run.debug_delay_ms));
     auto t1 = Clock::now();
     (out.loss_sum / global_units).backward();
     phases[1] += std::chrono::duration<double>(t1 - t0).count();
@@ -328,7 +349,8 @@ double Trainer::State::train_step(const StepBatch& batch) {
 void Trainer::State::log_train(int64_t epoch) {
   double secs = seconds_since(interval_start);
   double units_per_s = interval_units / std::max(secs, 1e-9);
-  double eta = seconds_since(start) / static_cast<double>(step) * static_cast<double>(total_steps - step);
+  double eta = seconds_since(start) / static_cast<double>(std::max<int64_t>(1, step - start_step)) *
+               static_cast<double>(total_steps - step);
   double lr = schedule.at(step - 1);
   interval.unflatten(comm->all_reduce_sum(interval.flatten(), "training metrics"));
   nlohmann::json line = {{"kind", "train"}, {"step", step},       {"epoch", epoch},
@@ -344,13 +366,20 @@ void Trainer::State::log_train(int64_t epoch) {
               static_cast<double>(std::max<int64_t>(1, interval_steps));
   auto all = torch::stack(comm->all_gather(mine, "step-time report"));  // [ranks, 6]
   auto worst = std::get<0>(all.max(0));
-  int slowest = static_cast<int>(all.select(1, 5).argmax().item<int64_t>());
+  // The straggler is the rank with the most work (forward + backward +
+  // optimizer): the others spend the difference waiting in communication.
+  auto work = all.select(1, 1) + all.select(1, 2) + all.select(1, 4);
+  int slowest = static_cast<int>(work.argmax().item<int64_t>());
   static const char* const kPhase[] = {"data", "forward", "backward", "comm", "optim", "step"};
   nlohmann::json phase_ms;
   for (int i = 0; i < 6; ++i) phase_ms[kPhase[i]] = worst[i].item<double>() * 1e3;
   line["phase_ms"] = phase_ms;
   line["slowest_rank"] = slowest;
   log.write(line);
+  std::vector<std::pair<std::string, double>> scalars = {{"train/lr", lr}, {"train/tokens_per_s", units_per_s},
+                                                         {"train/step_ms", worst[5].item<double>() * 1e3}};
+  for (const auto& name : interval.names()) scalars.emplace_back("train/" + name, interval.mean(name));
+  tensorboard.scalars(step, scalars);
   phases.fill(0.0);
   interval_steps = 0;
   say("step %6lld/%lld  epoch %lld %s  lr %.2e  %.0f %s/s  eta %s\n", static_cast<long long>(step),
@@ -367,11 +396,14 @@ void Trainer::State::run_eval() {
   nlohmann::json line = {{"kind", "eval"}, {"step", step}, {"split", cfg.eval.split},
                          {"count", static_cast<int64_t>(tally.count("loss"))}};
   std::string text;
+  std::vector<std::pair<std::string, double>> scalars;
   for (const auto& name : tally.names()) {
     line[name] = tally.mean(name);
     text += format_metric(name, tally.mean(name));
+    scalars.emplace_back(cfg.eval.split + "/" + name, tally.mean(name));
   }
   log.write(line);
+  tensorboard.scalars(step, scalars);
   say("eval  step %lld  %s:%s  (%lld %s, %s)\n", static_cast<long long>(step), cfg.eval.split.c_str(),
       text.c_str(), static_cast<long long>(tally.count("loss")), task->unit_name().c_str(),
       format_duration(seconds_since(t0)).c_str());
@@ -384,6 +416,7 @@ RunSummary Trainer::run() {
   for (const auto& note : s.run.notes) s.say("cohort: %s\n", note.c_str());
   s.announce_plan();
   s.start = s.interval_start = Clock::now();
+  s.start_step = s.step;
   int64_t last_eval = -1;
   while (s.step < s.total_steps) {
     auto t_step = Clock::now();

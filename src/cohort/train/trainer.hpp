@@ -19,6 +19,7 @@ struct RunOptions {
   bool quiet = false;        // no console lines (tests)
   std::string resume_dir;    // a verified checkpoint dir to continue from
   std::vector<std::string> notes;  // printed by rank 0 at start (resume warnings)
+  int debug_delay_ms = 0;    // testing aid: sleep this long in every forward
 };
 
 struct RunSummary {
