@@ -24,9 +24,6 @@ namespace {
 
 using std::chrono::milliseconds;
 
-int64_t now_ms() {
-  return std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 std::string one_line(std::string s) {
   auto nl = s.find('\n');
@@ -70,6 +67,7 @@ struct Comm::Impl {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
 
   std::thread heartbeat;
+  int64_t beats = 0;
   std::mutex mu;
   std::condition_variable cv;
   bool stop = false;
@@ -88,7 +86,7 @@ struct Comm::Impl {
     while (!stop) {
       lock.unlock();  // a stalled store must not block shutdown
       try {
-        store->set("hb/" + std::to_string(spec.rank), to_bytes(std::to_string(now_ms())));
+        store->set("hb/" + std::to_string(spec.rank), to_bytes(std::to_string(++beats)));
       } catch (const std::exception&) {
         // The store's host is gone; the next collective reports it.
       }
@@ -99,20 +97,27 @@ struct Comm::Impl {
 
   // Names the ranks whose heartbeat stopped, after giving a just-failed peer
   // time to miss a beat.
+  // A rank is silent when its beat counter does not move while we watch for
+  // three intervals; counters, unlike timestamps, need no synchronised clocks.
   std::string diagnose(const char* what, const std::string& cause) {
-    std::this_thread::sleep_for(opts.heartbeat * 3);
     std::string stale;
     try {
-      int64_t now = now_ms();
-      for (int r = 0; r < spec.world_size; ++r) {
-        if (r == spec.rank) continue;
-        std::string key = "hb/" + std::to_string(r);
-        int64_t last = store->check({key}) ? std::stoll(to_string(store->get(key))) : 0;
-        int64_t age = now - last;
-        if (age > 3 * opts.heartbeat.count()) {
-          stale += detail::cat(stale.empty() ? "" : ", ", "rank ", r,
-                               last ? detail::cat(" (silent for ", age / 1000.0, " s)") : " (never seen)");
+      auto read_beats = [&] {
+        std::vector<std::string> beats(static_cast<size_t>(spec.world_size));
+        for (int r = 0; r < spec.world_size; ++r) {
+          std::string key = "hb/" + std::to_string(r);
+          if (r != spec.rank && store->check({key})) beats[static_cast<size_t>(r)] = to_string(store->get(key));
         }
+        return beats;
+      };
+      auto before = read_beats();
+      std::this_thread::sleep_for(opts.heartbeat * 3);
+      auto after = read_beats();
+      double watched = 3.0 * static_cast<double>(opts.heartbeat.count()) / 1000.0;
+      for (int r = 0; r < spec.world_size; ++r) {
+        if (r == spec.rank || before[r] != after[r]) continue;
+        stale += detail::cat(stale.empty() ? "" : ", ", "rank ", r,
+                             after[r].empty() ? " (never seen)" : detail::cat(" (silent for over ", watched, " s)"));
       }
     } catch (const std::exception&) {
       return detail::cat("rank ", spec.rank, ": ", what, " failed and the rendezvous store at ", spec.init.text,

@@ -13,6 +13,7 @@
 
 #include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/core/sha256.hpp"
 #include "cohort/data/loader.hpp"
 #include "cohort/dist/comm.hpp"
 #include "cohort/dist/grad_sync.hpp"
@@ -67,6 +68,24 @@ void zero_gradients(torch::nn::Module& module) {
   for (auto& p : module.parameters()) {
     if (p.grad().defined()) p.mutable_grad().zero_();
   }
+}
+
+// On resume, steps after the checkpoint are trained again: drop their old
+// lines so metrics.jsonl holds each step once.
+void drop_metrics_after(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    try {
+      if (nlohmann::json::parse(line).value("step", int64_t{0}) > step) continue;
+    } catch (const std::exception&) {
+      continue;  // a torn last line from a crash
+    }
+    kept += line + "\n";
+  }
+  std::ofstream(path + ".tmp") << kept;
+  fs::rename(path + ".tmp", path);
 }
 
 void prepare_run_dir(const RunOptions& run) {
@@ -176,9 +195,17 @@ Trainer::Trainer(Config cfg, Comm& comm, RunOptions run) : s_(std::make_unique<S
   lo.prefetch = s.cfg.data.prefetch;
   s.loader = std::make_unique<Loader>(train, *s.order, lo, s.cursor);
   s.checkpoints = std::make_unique<Checkpoints>(s.run.out_dir, s.cfg.ckpt.keep);
+  // Ranks started with different configs or data would drift or hang later:
+  // check now, naming the rank and what differs.
+  auto hash = std::stoull(sha256_hex(s.run.config_toml).substr(0, 15), nullptr, 16);
+  comm.agree({static_cast<int64_t>(hash), train.size(), s.total_steps, s.step},
+             {"config hash", "training samples", "total steps", "start step"}, "start-up");
   // Only now, with config, model and data all accepted, touch the run dir.
   if (s.world.is_main()) prepare_run_dir(s.run);
   comm.barrier("run directory set-up");
+  if (s.world.is_main() && !s.run.resume_dir.empty()) {
+    drop_metrics_after((fs::path(s.run.out_dir) / "metrics.jsonl").string(), s.step);
+  }
   if (s.world.is_main()) s.log = MetricsLog((fs::path(s.run.out_dir) / "metrics.jsonl").string());
   if (s.world.is_main() && s.cfg.log.tensorboard) {
     s.tensorboard = TensorBoardWriter((fs::path(s.run.out_dir) / "tensorboard").string());
