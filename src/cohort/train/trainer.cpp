@@ -3,6 +3,8 @@
 #include <ATen/autocast_mode.h>
 #include <torch/nn/utils/clip_grad.h>
 
+#include <unistd.h>
+
 #include <array>
 #include <chrono>
 #include <cstdarg>
@@ -143,6 +145,13 @@ struct Trainer::State {
   RunSummary summary;
 
   void say(const char* fmt, ...) const __attribute__((format(printf, 2, 3)));
+  // On a terminal, rank 0 redraws one status line after every step (at most
+  // ten times a second); plain log lines scroll above it.
+  bool tty = false;
+  mutable bool bar_shown = false;
+  Clock::time_point last_bar = Clock::now();
+  double last_loss = 0, last_rate = 0;
+  void progress(int64_t epoch);
   void announce_plan() const;
   double train_step(const StepBatch& batch);
   void log_train(int64_t epoch);
@@ -154,6 +163,10 @@ struct Trainer::State {
 
 void Trainer::State::say(const char* fmt, ...) const {
   if (run.quiet || !world.is_main()) return;
+  if (bar_shown) {
+    std::fputs("\r\033[K", stdout);  // clear the status line first
+    bar_shown = false;
+  }
   va_list args;
   va_start(args, fmt);
   std::vprintf(fmt, args);
@@ -304,6 +317,31 @@ void Trainer::State::save_checkpoint() {
 
 Trainer::~Trainer() = default;
 
+void Trainer::State::progress(int64_t epoch) {
+  if (!tty || run.quiet || !world.is_main() || step == total_steps) return;
+  if (Clock::now() - last_bar < std::chrono::milliseconds(100)) {
+    if (!summary.step_losses.empty()) last_loss = 0.9 * last_loss + 0.1 * summary.step_losses.back();
+    return;
+  }
+  last_bar = Clock::now();
+  const int width = 24;
+  int filled = static_cast<int>(width * step / std::max<int64_t>(1, total_steps));
+  double eta = seconds_since(start) / static_cast<double>(std::max<int64_t>(1, step - start_step)) *
+               static_cast<double>(total_steps - step);
+  // Between log lines: this rank's smoothed loss and the interval's rate.
+  double loss = summary.step_losses.empty() ? last_loss : summary.step_losses.back();
+  last_loss = last_loss == 0 ? loss : 0.9 * last_loss + 0.1 * loss;
+  double rate = interval_units / std::max(seconds_since(interval_start), 1e-9);
+  if (interval_units > 0) last_rate = rate;
+  std::string bar(static_cast<size_t>(filled), '#');
+  bar.append(static_cast<size_t>(width - filled), '.');
+  std::printf("\r\033[K[%s] %lld/%lld  epoch %lld  loss %.4f  lr %.2e  %.0f %s/s  eta %s", bar.c_str(),
+              static_cast<long long>(step), static_cast<long long>(total_steps), static_cast<long long>(epoch),
+              last_loss, schedule.at(step - 1), last_rate, task->unit_name().c_str(), format_duration(eta).c_str());
+  std::fflush(stdout);
+  bar_shown = true;
+}
+
 void Trainer::State::announce_plan() const {
   const Dataset& train = task->train_set();
   int64_t params = 0;
@@ -444,6 +482,7 @@ RunSummary Trainer::run() {
   s.announce_plan();
   s.start = s.interval_start = Clock::now();
   s.start_step = s.step;
+  s.tty = isatty(fileno(stdout)) != 0;
   int64_t last_eval = -1;
   while (s.step < s.total_steps) {
     auto t_step = Clock::now();
@@ -460,6 +499,7 @@ RunSummary Trainer::run() {
     }
     bool epoch_end = batch.next.epoch != batch.cursor.epoch;
     bool last = s.step == s.total_steps;
+    s.progress(batch.cursor.epoch);
     if (s.due(s.cfg.log.every_steps) || last) {
       s.comm->agree({s.step, s.cursor.epoch, s.cursor.consumed}, {"step", "epoch", "cursor"}, "the step check");
       s.log_train(batch.cursor.epoch);
