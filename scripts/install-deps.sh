@@ -18,6 +18,8 @@ PACKAGES=(
   dict-gcide dataset-fashion-mnist
   # the PyTorch peer, for benchmarks and golden numbers only
   python3-torch
+  # `cohort plot`; network namespaces for the multi-host tests
+  gnuplot-nox iproute2
 )
 
 missing=()

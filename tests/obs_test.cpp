@@ -172,3 +172,20 @@ TEST(StepTimes, PhasesSumToTheStepAndTheStragglerIsNamed) {
   }
   EXPECT_EQ(lines, 3);
 }
+
+TEST(Plot, DrawsAPngOfARealRun) {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) GTEST_SKIP() << "SKIPPED: gnuplot is not installed";
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 32);
+  auto r = run_cohort("train --model.name mlp --data.global-batch 4 --train.max-steps 16 --log.every-steps 2 "
+                      "--eval.every-steps 4 --quiet --data.path " + tmp.path() + " --out " + (tmp / "run"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto p = run_cohort("plot " + (tmp / "run"));
+  ASSERT_EQ(p.code, 0) << p.err;
+  std::string png = read_file(tmp / "run/plots.png");
+  ASSERT_GT(png.size(), 10000u);
+  EXPECT_EQ(png.substr(1, 3), "PNG");
+  auto missing = run_cohort("plot " + (tmp / "nope"));
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.err.find("metrics.jsonl"), std::string::npos) << missing.err;
+}

@@ -16,6 +16,7 @@
 #include "cohort/dist/comm.hpp"
 #include "cohort/dist/rendezvous.hpp"
 #include "cohort/launch/launcher.hpp"
+#include "cohort/obs/plot.hpp"
 #include "cohort/train/stop.hpp"
 #include "cohort/train/trainer.hpp"
 
@@ -56,6 +57,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   train->add_flag("--overwrite", run.overwrite, "replace a run already in --out");
   train->add_flag("--quiet", run.quiet, "no console progress lines");
+
+  CLI::App* plot = app.add_subcommand("plot", "Draw RUN_DIR/metrics.jsonl as a PNG (loss, lr, throughput, eval)");
+  std::string plot_dir, plot_out;
+  plot->add_option("RUN_DIR", plot_dir, "run directory")->required();
+  plot->add_option("--output,-o", plot_out, "PNG to write (default RUN_DIR/plots.png)");
 
   // Per-node launch flags: not config keys, since they differ between nodes.
   // HetSeq's spellings are accepted as aliases.
@@ -106,6 +112,10 @@ int main(int argc, char** argv) {
   // from get "rank N: " in front.
   std::string who;
   try {
+    if (plot->parsed()) {
+      std::printf("cohort: wrote %s\n", plot_run(plot_dir, plot_out).c_str());
+      return 0;
+    }
     if (train->parsed()) {
       Env env = process_env();
       // A worker restarted by the launcher resumes from the run's latest

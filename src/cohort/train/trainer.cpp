@@ -472,6 +472,7 @@ void Trainer::State::run_eval() {
   say("eval  step %lld  %s:%s  (%lld %s, %s)\n", static_cast<long long>(step), cfg.eval.split.c_str(),
       text.c_str(), static_cast<long long>(tally.count("loss")), task->unit_name().c_str(),
       format_duration(seconds_since(t0)).c_str());
+  interval_start += Clock::now() - t0;  // evaluation time is not training throughput
   summary.final_eval_loss = tally.mean("loss");
   summary.final_eval_accuracy = tally.has("accuracy") ? tally.mean("accuracy") : 0.0;
 }
