@@ -20,19 +20,11 @@ using namespace cohort;
 using namespace std::chrono_literals;
 using cohort::test::read_file;
 using cohort::test::run_cohort;
+using cohort::test::error_of;
 using cohort::test::TempDir;
 using cohort::test::write_file;
 
 namespace {
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 // The tensor bytes of a checkpoint's model (everything after the header).
 std::string weights_of(const std::string& ckpt_dir) {

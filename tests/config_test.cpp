@@ -6,6 +6,7 @@
 #include "helpers.hpp"
 
 using namespace cohort;
+using cohort::test::error_of;
 using cohort::test::TempDir;
 using cohort::test::write_file;
 
@@ -21,15 +22,6 @@ Config parse(std::vector<std::string> args, const std::string& file = "") {
   app.parse(args);
   if (!file.empty()) binding.apply_file(file);
   return cfg;
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 
 using namespace cohort;
 using cohort::test::spawn;
+using cohort::test::error_of;
 using cohort::test::TempDir;
 
 namespace {
@@ -37,15 +38,6 @@ RankSpec spec_via(Via via, int rank, int n, int port, const std::string& file) {
   s.init = parse_init_method(via == Via::kTcp ? "tcp://127.0.0.1:" + std::to_string(port) : "file://" + file);
   s.host_store = rank == 0;
   return s;
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 }  // namespace

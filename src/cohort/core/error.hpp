@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace cohort {
 
@@ -54,6 +55,13 @@ std::string cat(Parts&&... parts) {
   std::ostringstream os;
   (os << ... << std::forward<Parts>(parts));
   return os.str();
+}
+
+// "a | b | c", for messages that list the accepted values.
+inline std::string join(const std::vector<std::string>& items, const char* sep = " | ") {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : sep) + item;
+  return out;
 }
 }  // namespace detail
 

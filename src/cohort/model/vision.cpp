@@ -75,12 +75,8 @@ std::vector<std::string> image_model_names() {
 
 ImageModel make_image_model(const ModelOptions& opts, const ImageModelSpec& spec) {
   auto it = registry().find(opts.name);
-  if (it == registry().end()) {
-    std::string known;
-    for (const auto& n : image_model_names()) known += (known.empty() ? "" : " | ") + n;
-    throw ConfigError(detail::cat("model.name must be one of ", known, " for image tasks (got '",
-                                  opts.name, "')"));
-  }
+  COHORT_CHECK(it != registry().end(), ConfigError, "model.name must be one of ", detail::join(image_model_names()),
+               " for image tasks (got '", opts.name, "')");
   COHORT_CHECK(spec.height >= 4 && spec.width >= 4, DataError, "images of ", spec.height, "x",
                spec.width, " are too small for model ", opts.name);
   return it->second(opts, spec);

@@ -30,11 +30,8 @@ std::vector<std::string> task_names() {
 
 std::unique_ptr<Task> make_task(const Config& cfg, const World& world) {
   auto it = registry().find(cfg.train.task);
-  if (it == registry().end()) {
-    std::string known;
-    for (const auto& n : task_names()) known += (known.empty() ? "" : " | ") + n;
-    throw ConfigError(detail::cat("train.task must be one of ", known, " (got '", cfg.train.task, "')"));
-  }
+  COHORT_CHECK(it != registry().end(), ConfigError, "train.task must be one of ", detail::join(task_names()),
+               " (got '", cfg.train.task, "')");
   return it->second(cfg, world);
 }
 
