@@ -189,3 +189,22 @@ TEST(Plot, DrawsAPngOfARealRun) {
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.err.find("metrics.jsonl"), std::string::npos) << missing.err;
 }
+
+TEST(Bench, PrintsTheScalingTable) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 64);
+  auto r = run_cohort("bench --ranks 1,2 --per-rank-batch 4 --steps 12 -- --model.name mlp --data.path " + tmp.path());
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  auto lines = cohort::test::lines_of(r.out);
+  ASSERT_EQ(lines.size(), 4u) << r.out;
+  EXPECT_NE(lines[1].find("efficiency"), std::string::npos);
+  int ranks = 0, batch = 0;
+  double step_ms = 0, rate = 0, speedup = 0, eff = 0;
+  ASSERT_EQ(sscanf(lines[3].c_str(), "%d %d %lf %lf %lf %lf", &ranks, &batch, &step_ms, &rate, &speedup, &eff), 6);
+  EXPECT_EQ(ranks, 2);
+  EXPECT_EQ(batch, 8);
+  EXPECT_GT(rate, 0);
+  EXPECT_NEAR(eff, speedup / 2, 0.002);
+  auto bad = run_cohort("bench --ranks 0");
+  EXPECT_EQ(bad.code, 2);
+}

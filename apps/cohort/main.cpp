@@ -15,6 +15,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/dist/comm.hpp"
 #include "cohort/dist/rendezvous.hpp"
+#include "cohort/launch/bench.hpp"
 #include "cohort/launch/launcher.hpp"
 #include "cohort/obs/plot.hpp"
 #include "cohort/train/stop.hpp"
@@ -62,6 +63,22 @@ int main(int argc, char** argv) {
   std::string plot_dir, plot_out;
   plot->add_option("RUN_DIR", plot_dir, "run directory")->required();
   plot->add_option("--output,-o", plot_out, "PNG to write (default RUN_DIR/plots.png)");
+
+  CLI::App* bench = app.add_subcommand(
+      "bench", "Weak-scaling table: a short run of a config at each rank count (per-rank batch fixed). "
+               "Extra arguments after -- go to `cohort train`");
+  BenchOptions bench_opts;
+  std::vector<std::string> bench_train_args;
+  bench->add_option("--ranks", bench_opts.ranks, "rank counts to run, e.g. 1,2,4")->delimiter(',')
+      ->capture_default_str();
+  bench->add_option("--per-rank-batch", bench_opts.per_rank_batch, "samples per rank per step")->capture_default_str();
+  bench->add_option("--steps", bench_opts.steps, "optimizer steps per run")->capture_default_str();
+  bench->add_option("--threads-per-rank", bench_opts.threads_per_rank, "intra-op threads per rank")
+      ->capture_default_str();
+  bench->add_option("--peer", bench_opts.peer, "also run PyTorch DDP on the same model and batch: pytorch");
+  bench->add_option("--out", bench_opts.out_dir, "keep the runs here (default: a temp dir, removed)");
+  bench->add_option("train-args", bench_train_args, "arguments for `cohort train` (--config, --model.*, ...)");
+  bench->allow_extras(false);
 
   // Per-node launch flags: not config keys, since they differ between nodes.
   // HetSeq's spellings are accepted as aliases.
@@ -112,6 +129,7 @@ int main(int argc, char** argv) {
   // from get "rank N: " in front.
   std::string who;
   try {
+    if (bench->parsed()) return run_bench(bench_opts, bench_train_args);
     if (plot->parsed()) {
       std::printf("cohort: wrote %s\n", plot_run(plot_dir, plot_out).c_str());
       return 0;
