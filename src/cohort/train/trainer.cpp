@@ -158,6 +158,15 @@ struct Trainer::State {
   void run_eval();
   void resume(const std::string& dir);
   void save_checkpoint();
+  void begin();
+  RunSummary end();
+  StepBatch next_batch();
+  void finish_step(const StepBatch& batch);
+  bool eval_due(const StepBatch& batch) const;
+  bool stop_agreed();
+  Clock::time_point step_start = Clock::now();
+  int64_t last_eval_step = -1;
+  std::string last_eval_text;  // "; test accuracy 0.8873 loss 0.3089"
   bool due(int64_t every) const { return every > 0 && step % every == 0; }
 };
 
@@ -412,6 +421,7 @@ double Trainer::State::train_step(const StepBatch& batch) {
 }
 
 void Trainer::State::log_train(int64_t epoch) {
+  comm->agree({step, cursor.epoch, cursor.consumed}, {"step", "epoch", "cursor"}, "the step check");
   double secs = seconds_since(interval_start);
   double units_per_s = interval_units / std::max(secs, 1e-9);
   double eta = seconds_since(start) / static_cast<double>(std::max<int64_t>(1, step - start_step)) *
@@ -456,6 +466,8 @@ void Trainer::State::log_train(int64_t epoch) {
 }
 
 void Trainer::State::run_eval() {
+  if (last_eval_step == step) return;
+  last_eval_step = step;
   auto t0 = Clock::now();
   Tally tally = evaluate(*task, *eval_data, *comm, {cfg.eval.batch, cfg.eval.max_samples});
   nlohmann::json line = {{"kind", "eval"}, {"step", step}, {"split", cfg.eval.split},
@@ -473,56 +485,80 @@ void Trainer::State::run_eval() {
       text.c_str(), static_cast<long long>(tally.count("loss")), task->unit_name().c_str(),
       format_duration(seconds_since(t0)).c_str());
   interval_start += Clock::now() - t0;  // evaluation time is not training throughput
+  last_eval_text = "; " + cfg.eval.split + ":" + text;
   summary.final_eval_loss = tally.mean("loss");
   summary.final_eval_accuracy = tally.has("accuracy") ? tally.mean("accuracy") : 0.0;
 }
 
+StepBatch Trainer::State::next_batch() {
+  step_start = Clock::now();
+  StepBatch batch = loader->next();
+  phases[0] += seconds_since(step_start);
+  return batch;
+}
+
+void Trainer::State::finish_step(const StepBatch& batch) {
+  phases[5] += seconds_since(step_start);
+  ++interval_steps;
+  ++step;
+  cursor = batch.next;
+  if (sample_log.is_open()) {
+    sample_log << nlohmann::json({{"step", step}, {"epoch", batch.cursor.epoch}, {"ids", batch.indices}}).dump()
+               << '\n' << std::flush;
+  }
+  progress(batch.cursor.epoch);
+}
+
+bool Trainer::State::eval_due(const StepBatch& batch) const {
+  bool epoch_end = batch.next.epoch != batch.cursor.epoch;
+  return due(cfg.eval.every_steps) || (cfg.eval.every_steps == 0 && epoch_end) || step == total_steps;
+}
+
+// Ranks agree on stopping: a signal may reach them at different steps.
+bool Trainer::State::stop_agreed() {
+  bool stop = comm->all_reduce_sum(std::vector<double>{stop_requested() ? 1.0 : 0.0}, "stop check")[0] > 0;
+  if (stop) {
+    say("cohort: stopped by a signal at step %lld; continue with --resume %s\n", static_cast<long long>(step),
+        run.out_dir.c_str());
+  }
+  return stop;
+}
+
 RunSummary Trainer::run() {
   State& s = *s_;
-  for (const auto& note : s.run.notes) s.say("cohort: %s\n", note.c_str());
-  s.announce_plan();
-  s.start = s.interval_start = Clock::now();
-  s.start_step = s.step;
-  s.tty = isatty(fileno(stdout)) != 0;
-  int64_t last_eval = -1;
+  s.begin();
   while (s.step < s.total_steps) {
-    auto t_step = Clock::now();
-    StepBatch batch = s.loader->next();
-    s.phases[0] += seconds_since(t_step);
-    s.summary.step_losses.push_back(s.train_step(batch));
-    s.phases[5] += seconds_since(t_step);
-    ++s.interval_steps;
-    ++s.step;
-    s.cursor = batch.next;
-    if (s.sample_log.is_open()) {
-      s.sample_log << nlohmann::json({{"step", s.step}, {"epoch", batch.cursor.epoch}, {"ids", batch.indices}}).dump()
-                   << '\n' << std::flush;
-    }
-    bool epoch_end = batch.next.epoch != batch.cursor.epoch;
+    StepBatch batch = s.next_batch();
+    s.summary.step_losses.push_back(s.train_step(batch));  // forward, backward, all-reduce, optimizer
+    s.finish_step(batch);
     bool last = s.step == s.total_steps;
-    s.progress(batch.cursor.epoch);
-    if (s.due(s.cfg.log.every_steps) || last) {
-      s.comm->agree({s.step, s.cursor.epoch, s.cursor.consumed}, {"step", "epoch", "cursor"}, "the step check");
-      s.log_train(batch.cursor.epoch);
-    }
-    if (s.due(s.cfg.eval.every_steps) || (s.cfg.eval.every_steps == 0 && epoch_end) || last) {
-      if (last_eval != s.step) s.run_eval();
-      last_eval = s.step;
-    }
-    // Ranks agree on stopping: a signal may reach them at different steps.
-    bool stop = s.comm->all_reduce_sum(std::vector<double>{stop_requested() ? 1.0 : 0.0}, "stop check")[0] > 0;
+    if (s.due(s.cfg.log.every_steps) || last) s.log_train(batch.cursor.epoch);
+    if (s.eval_due(batch)) s.run_eval();
+    bool stop = s.stop_agreed();
     if (s.due(s.cfg.ckpt.every_steps) || last || stop) s.save_checkpoint();
-    if (stop) {
-      s.say("cohort: stopped by a signal at step %lld; continue with --resume %s\n", static_cast<long long>(s.step),
-            s.run.out_dir.c_str());
-      break;
-    }
+    if (stop) break;
   }
-  s.summary.steps = s.step;
-  s.summary.seconds = seconds_since(s.start);
-  s.say("cohort: done: %lld steps in %s; %s accuracy %.4f\n", static_cast<long long>(s.step),
-        format_duration(s.summary.seconds).c_str(), s.cfg.eval.split.c_str(), s.summary.final_eval_accuracy);
-  return s.summary;
+  return s.end();
+}
+
+void Trainer::State::begin() {
+  for (const auto& note : run.notes) say("cohort: %s\n", note.c_str());
+  announce_plan();
+  start = interval_start = Clock::now();
+  start_step = step;
+  tty = isatty(fileno(stdout)) != 0;
+  if (step >= total_steps) {
+    say("cohort: nothing to do: already at step %lld of %lld (raise train.max-steps or train.epochs)\n",
+        static_cast<long long>(step), static_cast<long long>(total_steps));
+  }
+}
+
+RunSummary Trainer::State::end() {
+  summary.steps = step;
+  summary.seconds = seconds_since(start);
+  say("cohort: done: %lld steps in %s%s\n", static_cast<long long>(step - start_step),
+      format_duration(summary.seconds).c_str(), last_eval_text.c_str());
+  return summary;
 }
 
 }  // namespace cohort
