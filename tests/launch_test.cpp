@@ -228,3 +228,16 @@ TEST(Launch, TwoHostsInNetworkNamespaces) {
   ASSERT_EQ(three.size(), one.size());
   for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(three[i], one[i], 1e-5 * std::abs(one[i])) << i;
 }
+
+TEST(Launch, HetSeqFlagsAreChecked) {
+  auto a = run_cohort("train --out /tmp/unused --distributed-world-size 4");
+  EXPECT_EQ(a.code, 2);
+  EXPECT_NE(a.err.find("--distributed-rank"), std::string::npos) << a.err;
+  auto b = run_cohort("train --out /tmp/unused --distributed-world-size 4 --distributed-rank 0 --distributed-gpus 2");
+  EXPECT_EQ(b.code, 2);
+  EXPECT_NE(b.err.find("--init-method"), std::string::npos) << b.err;
+  auto c = run_cohort("train --out /tmp/unused --distributed-world-size 2 --distributed-rank 1 --distributed-gpus 2 "
+                      "--distributed-init-method tcp://127.0.0.1:1");
+  EXPECT_EQ(c.code, 2);
+  EXPECT_NE(c.err.find("exceeds --distributed-world-size 2"), std::string::npos) << c.err;
+}

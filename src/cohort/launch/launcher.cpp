@@ -77,8 +77,13 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
   InitMethod init = parse_init_method(o.init_method);
   c10::intrusive_ptr<c10d::Store> store;  // held until the workers are done
   bool hosted_here = false;
+  COHORT_CHECK(o.world_size == 0 || o.first_rank >= 0, UsageError,
+               "--distributed-world-size needs --distributed-rank (the first global rank on this node)");
+  COHORT_CHECK(o.first_rank < 0 || o.world_size > 0, UsageError,
+               "--distributed-rank needs --distributed-world-size (the total number of ranks)");
   if (init.kind == InitMethod::Kind::kNone) {
-    COHORT_CHECK(o.nnodes == 1 && o.first_rank <= 0, UsageError,
+    bool one_node = o.nnodes == 1 && o.first_rank <= 0 && (o.world_size == 0 || o.world_size == o.nproc_per_node);
+    COHORT_CHECK(one_node, UsageError,
                  "a multi-node run needs --init-method tcp://HOST:PORT or file:///shared/path");
     c10d::TCPStoreOptions so;
     so.port = 0;  // any free port
