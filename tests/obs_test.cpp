@@ -204,7 +204,8 @@ TEST(Bench, PrintsTheScalingTable) {
   EXPECT_EQ(ranks, 2);
   EXPECT_EQ(batch, 8);
   EXPECT_GT(rate, 0);
-  EXPECT_NEAR(eff, speedup / 2, 0.002);
+  // speedup is printed to 2 decimals (±0.005), efficiency to 3 (±0.0005).
+  EXPECT_NEAR(eff, speedup / 2, 0.0031);
   auto bad = run_cohort("bench --ranks 0");
   EXPECT_EQ(bad.code, 2);
 }

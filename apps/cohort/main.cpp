@@ -141,10 +141,11 @@ int main(int argc, char** argv) {
       int generation = env.count("COHORT_GENERATION") ? std::stoi(env["COHORT_GENERATION"]) : 0;
       if (generation > 0 && !run.out_dir.empty()) {
         // A restart continues from the run's own newest checkpoint (not an
-        // older one named by --resume), or starts afresh if it has none yet.
+        // older one named by --resume); without one it repeats the original
+        // start: the --resume given, or a fresh run.
         bool has_ckpt = std::filesystem::exists(std::filesystem::path(run.out_dir) / "checkpoints" / "latest");
-        resume_path = has_ckpt ? run.out_dir : "";
-        run.overwrite = run.overwrite || !has_ckpt;
+        if (has_ckpt) resume_path = run.out_dir;
+        else if (resume_path.empty()) run.overwrite = true;
       }
       std::string saved_config;
       if (!resume_path.empty()) {
@@ -153,7 +154,7 @@ int main(int argc, char** argv) {
         for (auto& w : warnings) run.notes.push_back("warning: " + w);
         saved_config = (std::filesystem::path(run.resume_dir) / "config.toml").string();
         if (run.out_dir.empty()) {
-          auto ckpt = std::filesystem::path(run.resume_dir).lexically_normal();
+          auto ckpt = std::filesystem::absolute(run.resume_dir).lexically_normal();
           if (!ckpt.has_filename()) ckpt = ckpt.parent_path();
           run.out_dir = ckpt.parent_path().parent_path().string();
         }
@@ -190,6 +191,9 @@ int main(int argc, char** argv) {
           run.debug_delay_ms = std::stoi(it->second.substr(colon + 1));
       }
       Trainer(cfg, *comm, run).run();
+      // Stopped by a signal: a launched worker reports success to its
+      // launcher (which exits 128+signal); a lone process says so itself.
+      if (stop_signal() != 0 && !env.count("COHORT_RANK")) return 128 + stop_signal();
     }
     return 0;
   } catch (const Error& e) {

@@ -156,21 +156,9 @@ std::string Checkpoints::resolve(const std::string& path, std::vector<std::strin
     if (s >= 0 && e.is_directory()) all.emplace_back(s, e.path());
   }
   std::sort(all.rbegin(), all.rend());
-  // `latest` names the checkpoint written last. If it does not verify (or a
-  // crash came between a rename and its update), fall back to the highest
-  // step that does.
-  std::ifstream latest(root / "latest");
-  std::string name;
-  if (latest && std::getline(latest, name) && step_of(name) >= 0) {
-    try {
-      verify((root / name).string());
-      return (root / name).string();
-    } catch (const DataError& e) {
-      if (warnings) warnings->push_back(detail::cat("skipping checkpoint ", (root / name).string(), ": ", e.what()));
-    }
-  }
+  // The newest checkpoint that verifies: `latest` may lag a completed rename
+  // after a crash, and a resume from an older step moves newer ones aside.
   for (const auto& [step, dir] : all) {
-    if (dir.filename() == name) continue;
     try {
       verify(dir.string());
       return dir.string();

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -102,7 +103,12 @@ void TensorBoardWriter::record(const std::string& event) {
   out_.write(event.data(), static_cast<std::streamsize>(event.size()));
   out_.write(reinterpret_cast<const char*>(&data_crc), 4);
   out_.flush();
-  COHORT_CHECK(out_.good(), Error, path_, ": write failed (disk full?)");
+  if (!out_.good()) {
+    // TensorBoard is optional: warn once and carry on without it.
+    std::fprintf(stderr, "cohort: warning: %s: write failed (disk full?); TensorBoard output stops here\n",
+                 path_.c_str());
+    out_.close();
+  }
 }
 
 }  // namespace cohort

@@ -11,7 +11,7 @@ namespace {
 std::atomic<int> g_stop{0};
 
 void on_signal(int sig) {
-  g_stop.store(1);
+  g_stop.store(sig);
   signal(sig, SIG_DFL);  // a second signal acts at once
 }
 }  // namespace
@@ -25,6 +25,7 @@ void install_stop_handlers() {
 }
 
 bool stop_requested() { return g_stop.load() != 0; }
-void request_stop() { g_stop.store(1); }
+void request_stop() { g_stop.store(SIGTERM); }
+int stop_signal() { return g_stop.load(); }
 
 }  // namespace cohort

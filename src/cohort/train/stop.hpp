@@ -9,6 +9,7 @@ namespace cohort {
 
 void install_stop_handlers();
 bool stop_requested();
+int stop_signal();  // the signal that asked to stop, or 0
 void request_stop();  // for tests
 
 }  // namespace cohort

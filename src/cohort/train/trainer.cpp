@@ -72,6 +72,20 @@ void zero_gradients(torch::nn::Module& module) {
   }
 }
 
+// The config lines every rank must share: all but per-node settings (threads,
+// device, loader, data location, timeouts, logging).
+std::string shared_config(const std::string& toml) {
+  static const char* const kPerNode[] = {"train.threads", "train.device", "data.workers", "data.prefetch",
+                                         "data.path", "dist.timeout", "log."};
+  std::string out;
+  for (const auto& [key, value] : read_config_values(toml)) {
+    bool local = false;
+    for (const char* k : kPerNode) local = local || key.rfind(k, 0) == 0;
+    if (!local) out += key + "=" + value + "\n";
+  }
+  return out;
+}
+
 // On resume, steps after the checkpoint are trained again: drop their old
 // lines so metrics.jsonl holds each step once.
 void drop_metrics_after(const std::string& path, int64_t step) {
@@ -86,7 +100,11 @@ void drop_metrics_after(const std::string& path, int64_t step) {
     }
     kept += line + "\n";
   }
-  std::ofstream(path + ".tmp") << kept;
+  std::ofstream out(path + ".tmp");
+  out << kept;
+  out.flush();
+  COHORT_CHECK(out.good(), Error, path, ".tmp: write failed (disk full?)");
+  out.close();
   fs::rename(path + ".tmp", path);
 }
 
@@ -219,7 +237,7 @@ Trainer::Trainer(Config cfg, Comm& comm, RunOptions run) : s_(std::make_unique<S
   s.checkpoints = std::make_unique<Checkpoints>(s.run.out_dir, s.cfg.ckpt.keep);
   // Ranks started with different configs or data would drift or hang later:
   // check now, naming the rank and what differs.
-  auto hash = std::stoull(sha256_hex(s.run.config_toml).substr(0, 15), nullptr, 16);
+  auto hash = std::stoull(sha256_hex(shared_config(s.run.config_toml)).substr(0, 15), nullptr, 16);
   comm.agree({static_cast<int64_t>(hash), train.size(), s.total_steps, s.step},
              {"config hash", "training samples", "total steps", "start step"}, "start-up");
   // Only now, with config, model and data all accepted, touch the run dir.
@@ -281,10 +299,13 @@ void Trainer::State::resume(const std::string& dir) {
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(root, ec)) {
       std::string n = e.path().filename().string();
-      if (n.rfind("step-", 0) == 0 && std::stoll(n.substr(5)) > step) {
-        fs::rename(e.path(), root / ("abandoned-" + n), ec);
-        run.notes.push_back("moved aside newer checkpoint " + n + " (now abandoned-" + n + ")");
-      }
+      if (n.rfind("step-", 0) != 0 || n.find_first_not_of("0123456789", 5) != std::string::npos) continue;
+      if (std::stoll(n.substr(5)) <= step) continue;
+      fs::path target = root / ("abandoned-" + n);
+      for (int k = 2; fs::exists(target); ++k) target = root / ("abandoned-" + n + "-" + std::to_string(k));
+      fs::rename(e.path(), target, ec);
+      COHORT_CHECK(!ec, Error, "cannot move aside newer checkpoint ", e.path().string(), ": ", ec.message());
+      run.notes.push_back("moved aside newer checkpoint " + n + " (now " + target.filename().string() + ")");
     }
   }
   COHORT_CHECK(cursor.consumed < order->usable(), DataError, dir, ": cursor ", cursor.consumed,
