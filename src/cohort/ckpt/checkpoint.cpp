@@ -46,16 +46,13 @@ void write_all(const fs::path& p, const std::string& bytes) {
 
 const char* const kFiles[] = {"model.safetensors", "optimizer.pt", "rng.safetensors", "config.toml"};
 
-int64_t step_of(const std::string& name) {
-  if (name.rfind("step-", 0) != 0) return -1;
-  try {
-    return std::stoll(name.substr(5));
-  } catch (const std::exception&) {
-    return -1;
-  }
-}
-
 }  // namespace
+
+int64_t Checkpoints::step_of(const std::string& name) {
+  if (name.rfind("step-", 0) != 0 || name.size() == 5) return -1;
+  if (name.find_first_not_of("0123456789", 5) != std::string::npos) return -1;
+  return std::stoll(name.substr(5));
+}
 
 Checkpoints::Checkpoints(std::string run_dir, int keep)
     : root_((fs::path(run_dir) / "checkpoints").string()), keep_(keep) {}

@@ -51,6 +51,8 @@ class Checkpoints {
   static CheckpointState verify(const std::string& dir);
 
   static std::string dir_name(int64_t step);
+  // The step of a "step-N" directory name, or -1 for any other name.
+  static int64_t step_of(const std::string& name);
 
  private:
   std::string root_;  // RUN_DIR/checkpoints

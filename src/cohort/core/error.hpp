@@ -57,6 +57,9 @@ std::string cat(Parts&&... parts) {
   return os.str();
 }
 
+// The first line of a (possibly multi-line) library message, for one-line errors.
+inline std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
 // "a | b | c", for messages that list the accepted values.
 inline std::string join(const std::vector<std::string>& items, const char* sep = " | ") {
   std::string out;

@@ -8,7 +8,6 @@
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <atomic>
 #include <condition_variable>
@@ -17,6 +16,7 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/sha256.hpp"
+#include "cohort/dist/store.hpp"
 
 namespace cohort {
 
@@ -24,12 +24,6 @@ namespace {
 
 using std::chrono::milliseconds;
 
-
-std::string one_line(std::string s) {
-  auto nl = s.find('\n');
-  if (nl != std::string::npos) s.resize(nl);
-  return s;
-}
 
 std::string to_string(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 std::vector<uint8_t> to_bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
@@ -122,17 +116,17 @@ struct Comm::Impl {
     } catch (const std::exception&) {
       return detail::cat("rank ", spec.rank, ": ", what, " failed and the rendezvous store at ", spec.init.text,
                          " is unreachable: the process hosting it (rank 0 or node 0's launcher) is likely dead. "
-                         "Cause: ", one_line(cause));
+                         "Cause: ", detail::first_line(cause));
     }
     if (!stale.empty()) {
       return detail::cat("rank ", spec.rank, ": ", what, " failed: ", stale,
-                         " stopped responding (dead or stalled). Cause: ", one_line(cause));
+                         " stopped responding (dead or stalled). Cause: ", detail::first_line(cause));
     }
     bool timed_out = cause.find("imed out") != std::string::npos || cause.find("imeout") != std::string::npos;
-    if (!timed_out) return detail::cat("rank ", spec.rank, ": ", what, " failed: ", one_line(cause));
+    if (!timed_out) return detail::cat("rank ", spec.rank, ": ", what, " failed: ", detail::first_line(cause));
     return detail::cat("rank ", spec.rank, ": ", what, " timed out after dist.timeout ", opts.timeout.count() / 1000.0,
                        " s while every rank still beats: one is likely stuck in other work or diverged. Cause: ",
-                       one_line(cause));
+                       detail::first_line(cause));
   }
 
   void wait(const char* what, const c10::intrusive_ptr<c10d::Work>& work) {
@@ -173,12 +167,7 @@ std::unique_ptr<Comm> Comm::connect(const RankSpec& spec, const CommOptions& opt
   c10::intrusive_ptr<c10d::Store> base;
   try {
     if (spec.init.kind == InitMethod::Kind::kTcp) {
-      c10d::TCPStoreOptions so;
-      so.port = static_cast<uint16_t>(spec.init.port);
-      so.isServer = spec.host_store;
-      so.waitWorkers = false;
-      so.timeout = opts.timeout;
-      base = c10::make_intrusive<c10d::TCPStore>(spec.init.host, so);
+      base = open_tcp_store(spec.init.host, spec.init.port, spec.host_store, opts.timeout);
     } else if (spec.init.kind == InitMethod::Kind::kFile) {
       base = c10::make_intrusive<c10d::FileStore>(spec.init.path, spec.world_size);
       base->setTimeout(opts.timeout);
@@ -188,7 +177,7 @@ std::unique_ptr<Comm> Comm::connect(const RankSpec& spec, const CommOptions& opt
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    std::string why = one_line(e.what());
+    std::string why = detail::first_line(e.what());
     if (spec.host_store) {
       throw DistError(detail::cat("rank ", spec.rank, ": cannot host the rendezvous store at ", where, ": ", why,
                                   ". Is the port in use by another job? Pick another port."));
@@ -214,7 +203,7 @@ std::unique_ptr<Comm> Comm::connect(const RankSpec& spec, const CommOptions& opt
     throw;
   } catch (const std::exception& e) {
     throw DistError(detail::cat("rank ", spec.rank, ": rendezvous at ", where, " did not complete within ",
-                                opts.timeout.count() / 1000.0, " s: ", one_line(e.what())));
+                                opts.timeout.count() / 1000.0, " s: ", detail::first_line(e.what())));
   }
 
   try {
@@ -233,7 +222,7 @@ std::unique_ptr<Comm> Comm::connect(const RankSpec& spec, const CommOptions& opt
   } catch (const std::exception& e) {
     throw DistError(detail::cat("rank ", spec.rank, ": could not form the process group of ", spec.world_size,
                                 " ranks through ", where, " within ", opts.timeout.count() / 1000.0,
-                                " s: ", one_line(e.what())));
+                                " s: ", detail::first_line(e.what())));
   }
   c->impl_ = std::move(impl);
   Impl* raw = c->impl_.get();

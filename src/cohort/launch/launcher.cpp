@@ -6,16 +6,13 @@
 #include <unistd.h>
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <chrono>
 #include <cstring>
-#include <map>
 
 #include "cohort/core/error.hpp"
 #include "cohort/dist/rendezvous.hpp"
-
-extern char** environ;
+#include "cohort/dist/store.hpp"
 
 namespace cohort {
 
@@ -76,7 +73,6 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
   Plan plan;
   InitMethod init = parse_init_method(o.init_method);
   c10::intrusive_ptr<c10d::Store> store;  // held until the workers are done
-  bool hosted_here = false;
   COHORT_CHECK(o.world_size == 0 || o.first_rank >= 0, UsageError,
                "--distributed-world-size needs --distributed-rank (the first global rank on this node)");
   COHORT_CHECK(o.first_rank < 0 || o.world_size > 0, UsageError,
@@ -85,15 +81,9 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
     bool one_node = o.nnodes == 1 && o.first_rank <= 0 && (o.world_size == 0 || o.world_size == o.nproc_per_node);
     COHORT_CHECK(one_node, UsageError,
                  "a multi-node run needs --init-method tcp://HOST:PORT or file:///shared/path");
-    c10d::TCPStoreOptions so;
-    so.port = 0;  // any free port
-    so.isServer = true;
-    so.waitWorkers = false;
-    so.timeout = timeout;
-    auto tcp = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+    auto tcp = open_tcp_store("127.0.0.1", /*port=*/0, /*server=*/true, timeout);
     plan.init = detail::cat("tcp://127.0.0.1:", tcp->getPort());
     store = tcp;
-    hosted_here = true;
   } else {
     COHORT_CHECK(init.kind != InitMethod::Kind::kEnv, UsageError,
                  "--init-method env:// is for processes started by another launcher; with --nproc-per-node use "
@@ -114,19 +104,12 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
   if (init.kind == InitMethod::Kind::kTcp && node_zero) {
     // Node 0's launcher hosts the store for the whole job: it outlives any
     // single worker.
-    c10d::TCPStoreOptions so;
-    so.port = static_cast<uint16_t>(init.port);
-    so.isServer = true;
-    so.waitWorkers = false;
-    so.timeout = timeout;
     try {
-      store = c10::make_intrusive<c10d::TCPStore>(init.host, so);
+      store = open_tcp_store(init.host, init.port, /*server=*/true, timeout);
     } catch (const std::exception& e) {
-      std::string why = e.what();
       throw DistError(detail::cat("cannot host the rendezvous store at ", init.text, ": ",
-                                  why.substr(0, why.find('\n')), ". Is the port in use? Pick another port."));
+                                  detail::first_line(e.what()), ". Is the port in use? Pick another port."));
     }
-    hosted_here = true;
   }
 
   if (o.first_rank < 0 && o.nnodes > 1) {
@@ -134,11 +117,7 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
     // node's range starts after the ranks of the nodes before it.
     try {
       if (!store && init.kind == InitMethod::Kind::kTcp) {
-        c10d::TCPStoreOptions so;
-        so.port = static_cast<uint16_t>(init.port);
-        so.isServer = false;
-        so.timeout = timeout;
-        store = c10::make_intrusive<c10d::TCPStore>(init.host, so);
+        store = open_tcp_store(init.host, init.port, /*server=*/false, timeout);
       } else if (!store) {
         store = c10::make_intrusive<c10d::FileStore>(init.path + ".nodes", o.nnodes);
         store->setTimeout(timeout);
@@ -156,12 +135,10 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      std::string why = e.what();
       throw DistError(detail::cat("node ", o.node_rank, ": the ", o.nnodes, " nodes did not all meet at ", init.text,
-                                  " within ", o.timeout_s, " s: ", why.substr(0, why.find('\n'))));
+                                  " within ", o.timeout_s, " s: ", detail::first_line(e.what())));
     }
   }
-  (void)hosted_here;
   std::fprintf(stderr, "cohort: node %d: ranks %d..%d of %d, rendezvous %s\n", o.node_rank, plan.first_rank,
                plan.first_rank + o.nproc_per_node - 1, plan.world_size, plan.init.c_str());
 
@@ -174,18 +151,14 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
   args.push_back(nullptr);
   pid_t launcher_pid = getpid();
 
+  const Env base_env = process_env();
   int interrupted = 0;
   auto run_generation = [&](int generation, std::vector<Worker>& workers) -> const Worker* {
     for (int local = 0; local < o.nproc_per_node; ++local) {
       Worker& w = workers[static_cast<size_t>(local)];
       w.local_rank = local;
       w.rank = plan.first_rank + local;
-      std::map<std::string, std::string> env;
-      for (char** e = environ; e && *e; ++e) {
-        std::string kv(*e);
-        auto eq = kv.find('=');
-        if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
-      }
+      Env env = base_env;
       env["COHORT_RANK"] = std::to_string(w.rank);
       env["COHORT_WORLD_SIZE"] = std::to_string(plan.world_size);
       env["COHORT_LOCAL_RANK"] = std::to_string(local);

@@ -299,8 +299,7 @@ void Trainer::State::resume(const std::string& dir) {
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(root, ec)) {
       std::string n = e.path().filename().string();
-      if (n.rfind("step-", 0) != 0 || n.find_first_not_of("0123456789", 5) != std::string::npos) continue;
-      if (std::stoll(n.substr(5)) <= step) continue;
+      if (Checkpoints::step_of(n) <= step) continue;
       fs::path target = root / ("abandoned-" + n);
       for (int k = 2; fs::exists(target); ++k) target = root / ("abandoned-" + n + "-" + std::to_string(k));
       fs::rename(e.path(), target, ec);
