@@ -1,0 +1,49 @@
+// defines: PrepareOptions, Document, read_text_documents, read_gcide_documents,
+//          make_instances, run_prepare
+//
+// `cohort prepare`: raw text -> vocabulary -> BERT pretraining instances in
+// the manner of BERT's create_pretraining_data -> NVIDIA-layout HDF5 shards
+// (data/bert_shards.hpp), split train/valid/test by document.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cohort::text {
+
+struct PrepareOptions {
+  std::vector<std::string> inputs;  // text files, or the GCIDE .dict(.dz)
+  std::string out;                  // output directory
+  std::string vocab;                // existing vocab.txt; empty: build one
+  int32_t vocab_size = 30522;
+  bool lowercase = true;
+  int64_t max_seq_length = 128;
+  int64_t max_predictions = 20;
+  double masked_lm_prob = 0.15;
+  double short_seq_prob = 0.1;
+  int64_t dupe_factor = 5;
+  bool whole_word_mask = false;
+  double valid_fraction = 0.01;  // of documents
+  double test_fraction = 0.01;
+  int64_t rows_per_shard = 65536;
+  uint64_t seed = 12345;
+  int threads = 0;  // 0: every core
+  bool quiet = false;
+};
+
+// One document: its sentences (or lines), in order.
+using Document = std::vector<std::string>;
+
+// Text files: one sentence per line, a blank line between documents.
+std::vector<Document> read_text_documents(const std::string& path);
+// The GCIDE dictionary (dictd format, .dict or .dict.dz): one entry per
+// document, its text split into sentences.
+std::vector<Document> read_gcide_documents(const std::string& path);
+
+// Runs the whole pipeline; writes OUT/vocab.txt, OUT/manifest.json and
+// OUT/{train,valid,test}/part-NNNNN.hdf5. Prints progress with MB/s and the
+// [UNK] fraction unless quiet.
+void run_prepare(const PrepareOptions& opts);
+
+}  // namespace cohort::text
