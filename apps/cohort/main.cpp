@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cohort/ckpt/checkpoint.hpp"
+#include "cohort/ckpt/export.hpp"
 #include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/dist/comm.hpp"
@@ -63,6 +64,22 @@ int main(int argc, char** argv) {
   std::string plot_dir, plot_out;
   plot->add_option("RUN_DIR", plot_dir, "run directory")->required();
   plot->add_option("--output,-o", plot_out, "PNG to write (default RUN_DIR/plots.png)");
+
+  CLI::App* exporter = app.add_subcommand(
+      "export", "Write a checkpoint's weights as a standalone model directory: model.safetensors "
+                "(Hugging Face names), config.json and vocab.txt for BERT");
+  std::string export_path, export_out;
+  exporter->add_option("CHECKPOINT", export_path, "a run dir (its newest checkpoint) or a checkpoint dir")->required();
+  exporter->add_option("--out,-o", export_out, "directory to write (default RUN_DIR/export)");
+
+  CLI::App* evaluator = app.add_subcommand(
+      "eval", "Evaluate a checkpoint on a split with the run's own config; appends an eval line to "
+              "RUN_DIR/metrics.jsonl");
+  std::string eval_path, eval_split = "test";
+  int64_t eval_max_samples = 0;
+  evaluator->add_option("CHECKPOINT", eval_path, "a run dir (its newest checkpoint) or a checkpoint dir")->required();
+  evaluator->add_option("--split", eval_split, "split to evaluate")->capture_default_str();
+  evaluator->add_option("--max-samples", eval_max_samples, "the first N samples only; 0 = all")->capture_default_str();
 
   CLI::App* bench = app.add_subcommand(
       "bench", "Weak-scaling table: a short run of a config at each rank count (per-rank batch fixed). "
@@ -130,6 +147,37 @@ int main(int argc, char** argv) {
   std::string who;
   try {
     if (bench->parsed()) return run_bench(bench_opts, bench_train_args);
+    if (evaluator->parsed()) {
+      RunOptions er;
+      er.eval_only = true;
+      std::vector<std::string> warnings;
+      er.resume_dir = Checkpoints::resolve(eval_path, &warnings);
+      for (auto& w : warnings) er.notes.push_back("warning: " + w);
+      auto ckpt = std::filesystem::absolute(er.resume_dir).lexically_normal();
+      if (!ckpt.has_filename()) ckpt = ckpt.parent_path();
+      er.out_dir = ckpt.parent_path().parent_path().string();
+      CLI::App scratch;
+      Config ecfg;
+      ConfigBinding eb(scratch, ecfg);
+      scratch.parse(std::vector<std::string>{});
+      eb.apply_file((ckpt / "config.toml").string());
+      ecfg.eval.split = eval_split;
+      ecfg.eval.max_samples = eval_max_samples;
+      validate(ecfg);
+      er.config_toml = eb.to_toml();
+      auto comm = Comm::single(ecfg.train.device);
+      Trainer(ecfg, *comm, er).evaluate();
+      return 0;
+    }
+    if (exporter->parsed()) {
+      if (export_out.empty()) {
+        std::vector<std::string> ignored;
+        auto ckpt = std::filesystem::absolute(Checkpoints::resolve(export_path, &ignored)).lexically_normal();
+        export_out = (ckpt.parent_path().parent_path() / "export").string();
+      }
+      std::printf("cohort: wrote %s\n", export_model(export_path, export_out).c_str());
+      return 0;
+    }
     if (plot->parsed()) {
       std::printf("cohort: wrote %s\n", plot_run(plot_dir, plot_out).c_str());
       return 0;

@@ -82,13 +82,13 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   };
 
   // Each key is declared exactly once, here.
-  bind("train.task", c.train.task, "task: image-classify");
+  bind("train.task", c.train.task, "task: image-classify | bert-pretrain");
   bind("train.max-steps", c.train.max_steps, "stop after this many optimizer steps; -1 runs train.epochs epochs");
   bind("train.epochs", c.train.epochs, "epochs to run when train.max-steps is -1");
   bind("train.seed", c.train.seed, "seed for every RNG: init, data order, dropout");
   bind("train.device", c.train.device, "auto | cpu | cuda");
   bind("train.threads", c.train.threads, "intra-op threads per rank; 0 = free cores / local ranks", "--threads");
-  bind("train.precision", c.train.precision, "fp32 | bf16 (CPU autocast; master weights stay fp32)");
+  bind("train.precision", c.train.precision, "fp32 | bf16 | fp16 | auto: autocast dtype; master weights stay fp32. auto = bf16 where the CPU has it, fp16 with loss scaling on CUDA");
 
   bind("data.path", c.data.path, "dataset directory");
   bind("data.global-batch", c.data.global_batch, "samples per optimizer step, summed over all ranks and micro-batches");
@@ -96,15 +96,16 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("data.prefetch", c.data.prefetch, "steps prepared ahead per rank");
   bind("data.drop-last", c.data.drop_last, "drop the epoch's last, short global batch");
 
-  bind("optim.name", c.optim.name, "adamw | sgd");
+  bind("optim.name", c.optim.name, "adamw | lamb | sgd");
   bind("optim.lr", c.optim.lr, "peak learning rate");
   bind("optim.weight-decay", c.optim.weight_decay, "decoupled weight decay (not applied to biases)");
-  bind("optim.beta1", c.optim.beta1, "adamw beta1");
-  bind("optim.beta2", c.optim.beta2, "adamw beta2");
-  bind("optim.eps", c.optim.eps, "adamw epsilon");
+  bind("optim.beta1", c.optim.beta1, "adamw/lamb beta1");
+  bind("optim.beta2", c.optim.beta2, "adamw/lamb beta2");
+  bind("optim.eps", c.optim.eps, "adamw/lamb epsilon");
   bind("optim.momentum", c.optim.momentum, "sgd momentum");
   bind("optim.accum-steps", c.optim.accum_steps, "micro-batches accumulated per optimizer step");
-  bind("optim.schedule", c.optim.schedule, "constant | linear | cosine (after warmup)");
+  bind("optim.schedule", c.optim.schedule, "constant | linear | cosine | poly (after warmup)");
+  bind("optim.poly-power", c.optim.poly_power, "poly schedule exponent: lr = min + (peak - min) * (1 - progress)^power");
   bind("optim.warmup-ratio", c.optim.warmup_ratio, "fraction of total steps with linear warmup from 0");
   bind("optim.min-lr-ratio", c.optim.min_lr_ratio, "final lr as a fraction of optim.lr (linear, cosine)");
   bind("optim.clip-norm", c.optim.clip_norm, "clip the global gradient norm to this; 0 disables");
@@ -125,9 +126,16 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("dist.bucket-cap-mb", c.dist.bucket_cap_mb, "gradient all-reduce bucket size, MiB");
   bind("dist.grad-compression", c.dist.grad_compression, "none | bf16 | fp16: gradient dtype on the wire");
 
-  bind("model.name", c.model.name, "mlp | cnn");
+  bind("model.name", c.model.name, "mlp | cnn | bert");
   bind("model.hidden", c.model.hidden, "hidden width");
-  bind("model.dropout", c.model.dropout, "dropout probability");
+  bind("model.dropout", c.model.dropout, "dropout probability (bert: hidden dropout)");
+  bind("model.layers", c.model.layers, "bert: transformer layers");
+  bind("model.heads", c.model.heads, "bert: attention heads; must divide model.hidden");
+  bind("model.intermediate", c.model.intermediate, "bert: feed-forward width; 0 = 4 * model.hidden");
+  bind("model.max-positions", c.model.max_positions, "bert: position embeddings, the longest sequence");
+  bind("model.type-vocab", c.model.type_vocab, "bert: segment (token type) embeddings");
+  bind("model.vocab-size", c.model.vocab_size, "bert: vocabulary; 0 = the data's (manifest.json or vocab.txt)");
+  bind("model.attention-dropout", c.model.attention_dropout, "bert: dropout on attention probabilities");
 }
 
 ConfigBinding::~ConfigBinding() = default;
@@ -222,14 +230,14 @@ void validate(const Config& c) {
   require(c.train.epochs >= 1, "train.epochs", c.train.epochs, "must be >= 1");
   require_one_of(c.train.device, "train.device", {"auto", "cpu", "cuda"});
   require(c.train.threads >= 0, "train.threads", c.train.threads, "must be >= 0");
-  require_one_of(c.train.precision, "train.precision", {"fp32", "bf16"});
+  require_one_of(c.train.precision, "train.precision", {"fp32", "bf16", "fp16", "auto"});
 
   require(!c.data.path.empty(), "data.path", "''", "must not be empty");
   require(c.data.global_batch >= 1, "data.global-batch", c.data.global_batch, "must be >= 1");
   require(c.data.workers >= 0, "data.workers", c.data.workers, "must be >= 0");
   require(c.data.prefetch >= 1, "data.prefetch", c.data.prefetch, "must be >= 1");
 
-  require_one_of(c.optim.name, "optim.name", {"adamw", "sgd"});
+  require_one_of(c.optim.name, "optim.name", {"adamw", "lamb", "sgd"});
   require(c.optim.lr > 0, "optim.lr", c.optim.lr, "must be > 0");
   require(c.optim.weight_decay >= 0, "optim.weight-decay", c.optim.weight_decay, "must be >= 0");
   require(c.optim.beta1 >= 0 && c.optim.beta1 < 1, "optim.beta1", c.optim.beta1, "must be in [0, 1)");
@@ -239,7 +247,8 @@ void validate(const Config& c) {
   require(c.optim.accum_steps >= 1, "optim.accum-steps", c.optim.accum_steps, "must be >= 1");
   require(c.optim.accum_steps <= c.data.global_batch, "optim.accum-steps", c.optim.accum_steps,
           "must be <= data.global-batch, or some micro-batches would be empty");
-  require_one_of(c.optim.schedule, "optim.schedule", {"constant", "linear", "cosine"});
+  require_one_of(c.optim.schedule, "optim.schedule", {"constant", "linear", "cosine", "poly"});
+  require(c.optim.poly_power > 0, "optim.poly-power", c.optim.poly_power, "must be > 0");
   require(c.optim.warmup_ratio >= 0 && c.optim.warmup_ratio < 1, "optim.warmup-ratio",
           c.optim.warmup_ratio, "must be in [0, 1)");
   require(c.optim.min_lr_ratio >= 0 && c.optim.min_lr_ratio <= 1, "optim.min-lr-ratio",
@@ -258,6 +267,14 @@ void validate(const Config& c) {
 
   require(c.model.hidden >= 1, "model.hidden", c.model.hidden, "must be >= 1");
   require(c.model.dropout >= 0 && c.model.dropout < 1, "model.dropout", c.model.dropout, "must be in [0, 1)");
+  require(c.model.layers >= 1, "model.layers", c.model.layers, "must be >= 1");
+  require(c.model.heads >= 1, "model.heads", c.model.heads, "must be >= 1");
+  require(c.model.intermediate >= 0, "model.intermediate", c.model.intermediate, "must be >= 0");
+  require(c.model.max_positions >= 2, "model.max-positions", c.model.max_positions, "must be >= 2");
+  require(c.model.type_vocab >= 2, "model.type-vocab", c.model.type_vocab, "must be >= 2");
+  require(c.model.vocab_size >= 0, "model.vocab-size", c.model.vocab_size, "must be >= 0");
+  require(c.model.attention_dropout >= 0 && c.model.attention_dropout < 1, "model.attention-dropout",
+          c.model.attention_dropout, "must be in [0, 1)");
 }
 
 }  // namespace cohort

@@ -26,7 +26,7 @@ struct TrainOptions {
   uint64_t seed = 1;
   std::string device = "auto";  // auto | cpu | cuda
   int threads = 0;           // intra-op threads per rank; 0: cores / local ranks
-  std::string precision = "fp32";  // fp32 | bf16
+  std::string precision = "fp32";  // fp32 | bf16 | fp16 (CUDA) | auto
 };
 
 struct DataOptions {
@@ -38,7 +38,7 @@ struct DataOptions {
 };
 
 struct OptimOptions {
-  std::string name = "adamw";  // adamw | sgd
+  std::string name = "adamw";  // adamw | lamb | sgd
   double lr = 1e-3;
   double weight_decay = 0.01;
   double beta1 = 0.9;
@@ -46,7 +46,8 @@ struct OptimOptions {
   double eps = 1e-8;
   double momentum = 0.9;       // sgd only
   int64_t accum_steps = 1;     // micro-batches per optimizer step
-  std::string schedule = "linear";  // constant | linear | cosine
+  std::string schedule = "linear";  // constant | linear | cosine | poly
+  double poly_power = 1.0;     // poly: (1 - progress)^power
   double warmup_ratio = 0.0;   // fraction of total steps spent warming up
   double min_lr_ratio = 0.0;   // final lr as a fraction of lr (linear, cosine)
   double clip_norm = 0.0;      // 0: no clipping
@@ -77,9 +78,17 @@ struct DistOptions {
 };
 
 struct ModelOptions {
-  std::string name = "cnn";   // mlp | cnn
+  std::string name = "cnn";   // mlp | cnn | bert
   int64_t hidden = 256;
-  double dropout = 0.1;
+  double dropout = 0.1;       // bert: hidden dropout
+  // bert only
+  int64_t layers = 2;
+  int64_t heads = 2;
+  int64_t intermediate = 0;   // 0: 4 * hidden
+  int64_t max_positions = 512;
+  int64_t type_vocab = 2;
+  int64_t vocab_size = 0;     // 0: the data's vocabulary (manifest.json or vocab.txt)
+  double attention_dropout = 0.1;
 };
 
 struct Config {

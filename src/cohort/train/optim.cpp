@@ -17,6 +17,7 @@ LrSchedule LrSchedule::from(const OptimOptions& o, int64_t total_steps) {
   s.total = std::max<int64_t>(1, total_steps);
   s.warmup = static_cast<int64_t>(std::llround(o.warmup_ratio * static_cast<double>(s.total)));
   s.min_ratio = o.min_lr_ratio;
+  s.power = o.poly_power;
   return s;
 }
 
@@ -25,7 +26,9 @@ double LrSchedule::at(int64_t step) const {
   if (kind == "constant") return peak;
   double span = static_cast<double>(std::max<int64_t>(1, total - warmup));
   double p = std::clamp(static_cast<double>(step - warmup) / span, 0.0, 1.0);
-  double shape = kind == "cosine" ? 0.5 * (1.0 + std::cos(M_PI * p)) : 1.0 - p;
+  double shape = kind == "cosine" ? 0.5 * (1.0 + std::cos(M_PI * p))
+                 : kind == "poly" ? std::pow(1.0 - p, power)
+                                  : 1.0 - p;
   return peak * (min_ratio + (1.0 - min_ratio) * shape);
 }
 
@@ -35,13 +38,14 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimOptions& o, t
     if (!p.requires_grad()) continue;
     (p.dim() >= 2 ? decay : no_decay).push_back(p);
   }
-  if (o.name == "adamw") {
+  if (o.name == "adamw" || o.name == "lamb") {
     auto base = torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps);
     std::vector<torch::optim::OptimizerParamGroup> groups;
     groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
                                    torch::optim::AdamWOptions(base).weight_decay(o.weight_decay)));
     groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
                                       torch::optim::AdamWOptions(base).weight_decay(0.0)));
+    if (o.name == "lamb") return std::make_unique<Lamb>(std::move(groups), base);
     return std::make_unique<torch::optim::AdamW>(std::move(groups), base);
   }
   if (o.name == "sgd") {
@@ -53,7 +57,46 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimOptions& o, t
                                       torch::optim::SGDOptions(base).weight_decay(0.0)));
     return std::make_unique<torch::optim::SGD>(std::move(groups), base);
   }
-  throw ConfigError(detail::cat("optim.name must be one of adamw | sgd (got '", o.name, "')"));
+  throw ConfigError(detail::cat("optim.name must be one of adamw | lamb | sgd (got '", o.name, "')"));
+}
+
+torch::Tensor Lamb::step(LossClosure closure) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss;
+  if (closure) {
+    torch::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  for (auto& group : param_groups_) {
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      const auto& grad = p.grad();
+      auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
+      auto it = state_.find(key);
+      if (it == state_.end()) {
+        auto st = std::make_unique<torch::optim::AdamWParamState>();
+        st->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        st->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        it = state_.emplace(key, std::move(st)).first;
+      }
+      auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      st.step(st.step() + 1);
+      double t = static_cast<double>(st.step());
+      st.exp_avg().mul_(beta1).add_(grad, 1 - beta1);
+      st.exp_avg_sq().mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+      auto m_hat = st.exp_avg() / (1 - std::pow(beta1, t));
+      auto v_hat = st.exp_avg_sq() / (1 - std::pow(beta2, t));
+      auto update = m_hat / (v_hat.sqrt() + o.eps());
+      if (o.weight_decay() != 0) update.add_(p, o.weight_decay());
+      double w_norm = p.norm().item<double>();
+      double u_norm = update.norm().item<double>();
+      double ratio = (w_norm > 0 && u_norm > 0) ? w_norm / u_norm : 1.0;
+      p.add_(update, -o.lr() * ratio);
+    }
+  }
+  return loss;
 }
 
 void set_lr(torch::optim::Optimizer& opt, double lr) {

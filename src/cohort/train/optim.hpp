@@ -2,6 +2,7 @@
 #pragma once
 
 #include <torch/nn/module.h>
+#include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
@@ -13,25 +14,41 @@ namespace cohort {
 struct OptimOptions;
 
 // Learning rate per optimizer step: linear warmup from 0 over `warmup` steps
-// (step k of the warmup uses peak*(k+1)/warmup), then constant, linear or
-// cosine decay from peak to peak*min_ratio at step `total`.
+// (step k of the warmup uses peak*(k+1)/warmup), then constant, linear,
+// cosine or polynomial decay from peak to peak*min_ratio at step `total`.
+// With p the decay progress in [0,1]:
+//   linear  min + (peak-min) * (1-p)
+//   cosine  min + (peak-min) * (1+cos(pi p))/2
+//   poly    min + (peak-min) * (1-p)^power      (fairseq's polynomial_decay)
 struct LrSchedule {
   std::string kind = "linear";
   double peak = 1e-3;
   int64_t warmup = 0;
   int64_t total = 1;
   double min_ratio = 0.0;
+  double power = 1.0;
 
   static LrSchedule from(const OptimOptions& opts, int64_t total_steps);
   double at(int64_t step) const;  // step: 0-based index of the step to take
 };
 
-// AdamW (decoupled weight decay) or SGD with momentum, per optim.name. Weight
-// decay applies to matrices and kernels only: 1-D parameters (biases, norm
-// scales) form a second group without it.
+// AdamW (decoupled weight decay), LAMB or SGD with momentum, per optim.name.
+// Weight decay applies to matrices, kernels and embeddings only: 1-D
+// parameters (biases, LayerNorm scales) form a second group without it.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimOptions& opts,
                                                         torch::nn::Module& module);
 
 void set_lr(torch::optim::Optimizer& opt, double lr);
+
+// LAMB (You et al. 2019, as in NVIDIA's BERT recipe): Adam moments with bias
+// correction, the update u = m^/(sqrt(v^)+eps) + wd*w, then a per-tensor
+// trust ratio ||w||/||u|| (1 when either norm is 0): w -= lr * ratio * u.
+// It reuses AdamW's options and per-parameter state, so checkpoints save and
+// load it the same way.
+class Lamb : public torch::optim::AdamW {
+ public:
+  using torch::optim::AdamW::AdamW;
+  torch::Tensor step(LossClosure closure = nullptr) override;
+};
 
 }  // namespace cohort

@@ -15,6 +15,7 @@ using Factory = std::function<std::unique_ptr<Task>(const Config&, const World&)
 
 const std::map<std::string, Factory>& registry() {
   static const std::map<std::string, Factory> r = {
+      {"bert-pretrain", make_bert_pretrain_task},
       {"image-classify", make_image_classify_task},
   };
   return r;
@@ -39,6 +40,16 @@ Tally Task::empty_tally() const {
   Tally t;
   for (const auto& name : metric_names()) t.add(name, 0, 0);
   return t;
+}
+
+double mean_or_zero(const Tally& tally, const std::string& name) {
+  return tally.count(name) > 0 ? tally.mean(name) : 0.0;
+}
+
+std::vector<std::pair<std::string, double>> Task::report(const Tally& tally) const {
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& name : tally.names()) out.emplace_back(name, mean_or_zero(tally, name));
+  return out;
 }
 
 Example to_device(const Example& batch, const c10::Device& device) {

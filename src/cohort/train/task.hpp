@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cohort/data/dataset.hpp"
@@ -19,12 +20,18 @@ struct Config;
 struct World;
 
 struct TaskOutput {
-  // Loss summed (not averaged) over the batch's units. The trainer divides by
-  // the global unit count, so gradients are a mean over the global batch
+  // One loss per term (an image task has one; BERT has MLM and NSP), each
+  // summed, not averaged, over its own units. The trainer divides each by its
+  // global unit count, so gradients are per-term means over the global batch
   // whatever the world size and the split across ranks.
-  torch::Tensor loss_sum;
-  int64_t units = 0;  // samples (images) or tokens the loss covers
-  Tally tally;        // metric sums and counts, e.g. loss, accuracy
+  std::vector<torch::Tensor> loss_sums;
+  Tally tally;  // metric sums and counts, e.g. loss, accuracy
+};
+
+// What forward(batch) will be normalised by, known without running the model.
+struct Units {
+  std::vector<int64_t> per_term;  // one count per loss term
+  int64_t throughput = 0;         // what unit_name() counts, for rates
 };
 
 class Task {
@@ -36,21 +43,31 @@ class Task {
   virtual std::shared_ptr<const Dataset> eval_set(const std::string& split) const = 0;
   // Runs the model on a collated batch (already on the task's device).
   virtual TaskOutput forward(const Example& batch) = 0;
-  // The units forward(batch) will report, without running the model: the
-  // trainer needs the global count before the first backward.
-  virtual int64_t count_units(const Example& batch) const = 0;
-  // True when a unit is a sample: the trainer then knows the global count
-  // from the batch plan and skips a collective per step.
+  // The units forward(batch) will report: the trainer needs the global
+  // counts before the first backward.
+  virtual Units count_units(const Example& batch) const = 0;
+  // How many loss terms forward() returns.
+  virtual size_t loss_terms() const { return 1; }
+  // True when the only loss term is per sample: the trainer then knows the
+  // global count from the batch plan and skips a collective per step.
   virtual bool units_are_samples() const { return false; }
-  // What `units` counts, for throughput lines ("images", "tokens").
+  // What Units::throughput counts ("images", "tokens").
   virtual std::string unit_name() const = 0;
   // Every metric forward() tallies. Ranks with no samples still report them
   // (as zero sums and counts), so all ranks reduce the same layout.
   virtual std::vector<std::string> metric_names() const = 0;
+  // The metrics a reduced tally reports, in print order; by default every
+  // tallied name's mean (0 when nothing was counted). Must include "loss".
+  virtual std::vector<std::pair<std::string, double>> report(const Tally& tally) const;
+  // The metric whose count is the number of evaluated samples.
+  virtual std::string count_metric() const { return "loss"; }
 
   // An empty tally holding every metric name.
   Tally empty_tally() const;
 };
+
+// A tally's mean, 0 when its count is 0 (a rank with an empty share).
+double mean_or_zero(const Tally& tally, const std::string& name);
 
 // Builds train.task on world.device. Throws ConfigError for an unknown name.
 std::unique_ptr<Task> make_task(const Config& cfg, const World& world);

@@ -1,6 +1,5 @@
 #include "cohort/train/trainer.hpp"
 
-#include <ATen/autocast_mode.h>
 #include <torch/nn/utils/clip_grad.h>
 
 #include <unistd.h>
@@ -23,6 +22,7 @@
 #include "cohort/obs/tensorboard.hpp"
 #include "cohort/train/evaluate.hpp"
 #include "cohort/train/optim.hpp"
+#include "cohort/train/precision.hpp"
 #include "cohort/train/runtime.hpp"
 #include "cohort/train/stop.hpp"
 #include "cohort/train/task.hpp"
@@ -38,24 +38,13 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// bf16 autocast on CPU for the forward pass; master weights and gradients
-// stay fp32.
-class AutocastScope {
- public:
-  explicit AutocastScope(bool enabled) : enabled_(enabled) {
-    if (!enabled_) return;
-    at::autocast::set_cpu_enabled(true);
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+// A reported metric by name (0 when absent).
+double metric(const std::vector<std::pair<std::string, double>>& metrics, const std::string& name) {
+  for (const auto& [n, v] : metrics) {
+    if (n == name) return v;
   }
-  ~AutocastScope() {
-    if (!enabled_) return;
-    at::autocast::set_cpu_enabled(false);
-    at::autocast::clear_cache();
-  }
-
- private:
-  bool enabled_;
-};
+  return 0.0;
+}
 
 std::string format_metric(const std::string& name, double value) {
   char buf[96];
@@ -141,6 +130,8 @@ struct Trainer::State {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::unique_ptr<GradSync> grad_sync;
   LrSchedule schedule;
+  std::string precision;  // resolved: fp32 | bf16 | fp16
+  LossScaler scaler{false};
   MetricsLog log;
   TensorBoardWriter tensorboard;
   std::shared_ptr<const Dataset> eval_data;
@@ -209,6 +200,8 @@ Trainer::Trainer(Config cfg, Comm& comm, RunOptions run) : s_(std::make_unique<S
   s.run = std::move(run);
   validate(s.cfg);
   s.runtime = setup_runtime(s.cfg.train, s.world);
+  s.precision = resolve_precision(s.cfg.train.precision, s.world.device);
+  s.scaler = LossScaler(s.precision == "fp16");
 
   s.task = make_task(s.cfg, s.world);
   broadcast_module(comm, *s.task->module());
@@ -227,6 +220,10 @@ Trainer::Trainer(Config cfg, Comm& comm, RunOptions run) : s_(std::make_unique<S
   s.interval = s.task->empty_tally();
   if (!s.run.resume_dir.empty()) s.resume(s.run.resume_dir);
 
+  if (s.run.eval_only) {
+    if (s.world.is_main()) s.log = MetricsLog((fs::path(s.run.out_dir) / "metrics.jsonl").string());
+    return;
+  }
   LoaderOptions lo;
   lo.rank = s.world.rank;
   lo.world_size = s.world.world_size;
@@ -376,7 +373,7 @@ void Trainer::State::announce_plan() const {
   int64_t params = 0;
   for (const auto& p : task->module()->parameters()) params += p.numel();
   say("cohort: %s, %lld parameters, %s on %s, %d thread(s) of %d core(s)\n", cfg.model.name.c_str(),
-      static_cast<long long>(params), cfg.train.precision.c_str(), world.device.str().c_str(),
+      static_cast<long long>(params), precision.c_str(), world.device.str().c_str(),
       runtime.threads, runtime.cores);
   say("cohort: train %s\ncohort: eval  %s\n", train.describe().c_str(), eval_data->describe().c_str());
   say("cohort: global batch %lld = %d rank(s) x %lld accumulation step(s); %lld steps/epoch, "
@@ -393,15 +390,23 @@ double Trainer::State::train_step(const StepBatch& batch) {
   auto& module = *task->module();
   module.train();
   zero_gradients(module);
-  double global_units = static_cast<double>(batch.global_samples);
+  // Global unit counts per loss term (and for throughput), known before any
+  // backward: from the batch plan, or one small all-reduce.
+  std::vector<double> global_units = {static_cast<double>(batch.global_samples),
+                                      static_cast<double>(batch.global_samples)};
   if (!task->units_are_samples()) {
-    double local_units = 0;
+    std::vector<double> local(task->loss_terms() + 1, 0.0);
     for (const auto& micro : batch.micro) {
-      if (!micro.empty()) local_units += static_cast<double>(task->count_units(micro));
+      if (micro.empty()) continue;
+      Units u = task->count_units(micro);
+      for (size_t i = 0; i < u.per_term.size(); ++i) local[i] += static_cast<double>(u.per_term[i]);
+      local.back() += static_cast<double>(u.throughput);
     }
-    global_units = comm->all_reduce_sum(std::vector<double>{local_units}, "unit count")[0];
+    global_units = comm->all_reduce_sum(local, "unit count");
   }
-  COHORT_CHECK(global_units > 0, Error, "step ", step, ": the global batch has no units to train on");
+  for (size_t i = 0; i + 1 < global_units.size(); ++i) {
+    COHORT_CHECK(global_units[i] > 0, Error, "step ", step, ": the global batch has no units for loss term ", i);
+  }
   Tally step_tally = task->empty_tally();
   for (size_t m = 0; m < batch.micro.size(); ++m) {
     // Only the last micro-batch's backward communicates.
@@ -411,12 +416,14 @@ double Trainer::State::train_step(const StepBatch& batch) {
     TaskOutput out;
     auto t0 = Clock::now();
     {
-      AutocastScope autocast(cfg.train.precision == "bf16");
+      AutocastScope autocast(precision, world.device);
       out = task->forward(to_device(micro, world.device));
     }
     if (run.debug_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(run.debug_delay_ms));
     auto t1 = Clock::now();
-    (out.loss_sum / global_units).backward();
+    torch::Tensor loss = out.loss_sums.at(0) / global_units[0];
+    for (size_t i = 1; i < out.loss_sums.size(); ++i) loss = loss + out.loss_sums[i] / global_units[i];
+    scaler.scale(loss).backward();
     phases[1] += std::chrono::duration<double>(t1 - t0).count();
     phases[2] += seconds_since(t1);
     step_tally.merge(out.tally);
@@ -425,15 +432,20 @@ double Trainer::State::train_step(const StepBatch& batch) {
   grad_sync->finalize();
   phases[3] += seconds_since(t_comm);
   auto t_optim = Clock::now();
-  interval_units += static_cast<int64_t>(global_units);
+  interval_units += static_cast<int64_t>(global_units.back());
   // This rank's share of the step's metrics; ranks sum their interval
   // tallies at the next log line, not every step.
-  double loss = step_tally.count("loss") > 0 ? step_tally.mean("loss") : 0.0;
-  COHORT_CHECK(std::isfinite(loss), Error, "step ", step, ": training loss is ", loss,
-               "; lower optim.lr or enable optim.clip-norm");
-  if (cfg.optim.clip_norm > 0) torch::nn::utils::clip_grad_norm_(module.parameters(), cfg.optim.clip_norm);
-  set_lr(*optimizer, schedule.at(step));
-  optimizer->step();
+  double loss = metric(task->report(step_tally), "loss");
+  // fp16: an overflow skips the step and lowers the loss scale. Otherwise a
+  // non-finite loss is fatal: training has diverged.
+  if (scaler.unscale_and_update(module)) {
+    COHORT_CHECK(std::isfinite(loss), Error, "step ", step, ": training loss is ", loss,
+                 "; lower optim.lr or enable optim.clip-norm");
+    // Gradients are already all-reduced, so this norm is the global one.
+    if (cfg.optim.clip_norm > 0) torch::nn::utils::clip_grad_norm_(module.parameters(), cfg.optim.clip_norm);
+    set_lr(*optimizer, schedule.at(step));
+    optimizer->step();
+  }
   phases[4] += seconds_since(t_optim);
   interval.merge(step_tally);
   samples_seen += batch.global_samples;
@@ -451,9 +463,10 @@ void Trainer::State::log_train(int64_t epoch) {
   nlohmann::json line = {{"kind", "train"}, {"step", step},       {"epoch", epoch},
                          {"lr", lr},        {"samples", samples_seen}, {"tokens_per_s", units_per_s}};
   std::string text;
-  for (const auto& name : interval.names()) {
-    line[name] = interval.mean(name);
-    text += format_metric(name, interval.mean(name));
+  auto metrics = task->report(interval);
+  for (const auto& [name, value] : metrics) {
+    line[name] = value;
+    text += format_metric(name, value);
   }
   // Step-time breakdown: every rank's per-step phase times, the max over
   // ranks per phase, and the rank whose steps took longest.
@@ -473,7 +486,7 @@ void Trainer::State::log_train(int64_t epoch) {
   log.write(line);
   std::vector<std::pair<std::string, double>> scalars = {{"train/lr", lr}, {"train/tokens_per_s", units_per_s},
                                                          {"train/step_ms", worst[5].item<double>() * 1e3}};
-  for (const auto& name : interval.names()) scalars.emplace_back("train/" + name, interval.mean(name));
+  for (const auto& [name, value] : metrics) scalars.emplace_back("train/" + name, value);
   tensorboard.scalars(step, scalars);
   phases.fill(0.0);
   interval_steps = 0;
@@ -491,23 +504,24 @@ void Trainer::State::run_eval() {
   auto t0 = Clock::now();
   Tally tally = evaluate(*task, *eval_data, *comm, {cfg.eval.batch, cfg.eval.max_samples});
   nlohmann::json line = {{"kind", "eval"}, {"step", step}, {"split", cfg.eval.split},
-                         {"count", static_cast<int64_t>(tally.count("loss"))}};
+                         {"count", static_cast<int64_t>(tally.count(task->count_metric()))}};
   std::string text;
   std::vector<std::pair<std::string, double>> scalars;
-  for (const auto& name : tally.names()) {
-    line[name] = tally.mean(name);
-    text += format_metric(name, tally.mean(name));
-    scalars.emplace_back(cfg.eval.split + "/" + name, tally.mean(name));
+  auto metrics = task->report(tally);
+  for (const auto& [name, value] : metrics) {
+    line[name] = value;
+    text += format_metric(name, value);
+    scalars.emplace_back(cfg.eval.split + "/" + name, value);
   }
   log.write(line);
   tensorboard.scalars(step, scalars);
   say("eval  step %lld  %s:%s  (%lld %s, %s)\n", static_cast<long long>(step), cfg.eval.split.c_str(),
-      text.c_str(), static_cast<long long>(tally.count("loss")), task->unit_name().c_str(),
+      text.c_str(), static_cast<long long>(tally.count(task->count_metric())), "samples",
       format_duration(seconds_since(t0)).c_str());
   interval_start += Clock::now() - t0;  // evaluation time is not training throughput
   last_eval_text = "; " + cfg.eval.split + ":" + text;
-  summary.final_eval_loss = tally.mean("loss");
-  summary.final_eval_accuracy = tally.has("accuracy") ? tally.mean("accuracy") : 0.0;
+  summary.final_eval_loss = metric(metrics, "loss");
+  summary.final_eval_accuracy = tally.has("accuracy") ? metric(metrics, "accuracy") : 0.0;
 }
 
 StepBatch Trainer::State::next_batch() {
@@ -559,6 +573,16 @@ RunSummary Trainer::run() {
     if (stop) break;
   }
   return s.end();
+}
+
+RunSummary Trainer::evaluate() {
+  State& s = *s_;
+  s.start = Clock::now();
+  s.start_step = s.step;
+  s.run_eval();
+  s.summary.steps = s.step;
+  s.summary.seconds = seconds_since(s.start);
+  return s.summary;
 }
 
 void Trainer::State::begin() {

@@ -20,6 +20,9 @@ struct RunOptions {
   std::string resume_dir;    // a verified checkpoint dir to continue from
   std::vector<std::string> notes;  // printed by rank 0 at start (resume warnings)
   int debug_delay_ms = 0;    // testing aid: sleep this long in every forward
+  bool eval_only = false;    // `cohort eval`: load resume_dir and evaluate; no
+                             // training, and only an eval line is appended to
+                             // RUN_DIR/metrics.jsonl
 };
 
 struct RunSummary {
@@ -40,6 +43,8 @@ class Trainer {
   Trainer(Config cfg, Comm& comm, RunOptions run);
   ~Trainer();
   RunSummary run();
+  // With RunOptions::eval_only: one evaluation of eval.split at the loaded step.
+  RunSummary evaluate();
 
  private:
   struct State;

@@ -32,7 +32,10 @@ class ImageClassifyTask : public Task {
     return std::make_shared<ImageDataset>(ImageDataset::load(dir_, split));
   }
 
-  int64_t count_units(const Example& batch) const override { return batch.at("label").size(0); }
+  Units count_units(const Example& batch) const override {
+    int64_t n = batch.at("label").size(0);
+    return {{n}, n};
+  }
   bool units_are_samples() const override { return true; }
 
   TaskOutput forward(const Example& batch) override {
@@ -40,11 +43,11 @@ class ImageClassifyTask : public Task {
     const auto& labels = batch.at("label");
     auto logits = model_.forward(images).to(torch::kFloat32);
     TaskOutput out;
-    out.loss_sum = torch::nn::functional::cross_entropy(
+    auto loss_sum = torch::nn::functional::cross_entropy(
         logits, labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
-    out.units = labels.size(0);
-    double n = static_cast<double>(out.units);
-    out.tally.add("loss", out.loss_sum.detach().item<double>(), n);
+    out.loss_sums = {loss_sum};
+    double n = static_cast<double>(labels.size(0));
+    out.tally.add("loss", loss_sum.detach().item<double>(), n);
     out.tally.add("accuracy", logits.argmax(1).eq(labels).sum().item<double>(), n);
     return out;
   }

@@ -1,0 +1,91 @@
+// BERT pretraining step throughput, the model alone: synthetic full-length
+// batches (every token real, P masked positions per row), forward, backward,
+// global-norm clipping and AdamW, as bench/peers/bert_pretrain.py does in
+// PyTorch eager. bench/bert_vs_pytorch.py runs both side by side.
+//
+//   build/bench/bert_step_bench --hidden 256 --layers 4 --heads 4 --seq 128 \
+//       --batch 16 --precision bf16 --threads 2 --steps 20
+// prints one JSON line: {"step_ms": ..., "tokens_per_s": ..., ...}
+#include <CLI/CLI.hpp>
+#include <torch/nn/utils/clip_grad.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "cohort/config/config.hpp"
+#include "cohort/model/bert.hpp"
+#include "cohort/train/optim.hpp"
+#include "cohort/train/precision.hpp"
+
+int main(int argc, char** argv) {
+  using namespace cohort;
+  CLI::App app{"BERT pretraining step throughput (model only, synthetic batch)"};
+  BertConfig c;
+  c.vocab_size = 30522;
+  c.hidden = 256;
+  c.layers = 4;
+  c.heads = 4;
+  c.intermediate = 0;
+  int64_t seq = 128, predictions = 20, batch = 16, steps = 20;
+  int threads = 1;
+  std::string precision = "fp32";
+  app.add_option("--vocab", c.vocab_size)->capture_default_str();
+  app.add_option("--hidden", c.hidden)->capture_default_str();
+  app.add_option("--layers", c.layers)->capture_default_str();
+  app.add_option("--heads", c.heads)->capture_default_str();
+  app.add_option("--intermediate", c.intermediate, "0 = 4 * hidden")->capture_default_str();
+  app.add_option("--seq", seq)->capture_default_str();
+  app.add_option("--predictions", predictions)->capture_default_str();
+  app.add_option("--batch", batch)->capture_default_str();
+  app.add_option("--steps", steps)->capture_default_str();
+  app.add_option("--threads", threads)->capture_default_str();
+  app.add_option("--precision", precision, "fp32 | bf16")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (c.intermediate == 0) c.intermediate = 4 * c.hidden;
+
+  torch::set_num_threads(threads);
+  torch::manual_seed(1);
+  BertForPretraining model(c);
+  model->train();
+  OptimOptions oo;
+  oo.lr = 1e-4;
+  oo.eps = 1e-6;
+  auto opt = make_optimizer(oo, *model);
+
+  auto ids = torch::randint(5, c.vocab_size, {batch, seq}, torch::kLong);
+  auto seg = torch::zeros({batch, seq}, torch::kLong);
+  seg.slice(1, seq / 2).fill_(1);
+  auto mask = torch::ones({batch, seq}, torch::kLong);
+  std::vector<torch::Tensor> rows;
+  for (int64_t r = 0; r < batch; ++r) rows.push_back(std::get<0>((torch::randperm(seq - 1).slice(0, 0, predictions) + 1).sort()));
+  BertBatch b{ids, seg, mask, torch::stack(rows), torch::randint(5, c.vocab_size, {batch, predictions}, torch::kLong)};
+  auto nsp_labels = torch::randint(0, 2, {batch}, torch::kLong);
+  c10::Device cpu(torch::kCPU);
+
+  std::vector<double> times;
+  for (int64_t s = 0; s < steps; ++s) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (auto& p : model->parameters()) {
+      if (p.grad().defined()) p.mutable_grad().zero_();
+    }
+    torch::Tensor loss;
+    {
+      AutocastScope autocast(precision, cpu);
+      BertOutputs out = model->forward(b);
+      loss = torch::nn::functional::cross_entropy(out.mlm_logits.to(torch::kFloat32), out.mlm_labels) +
+             torch::nn::functional::cross_entropy(out.nsp_logits.to(torch::kFloat32), nsp_labels);
+    }
+    loss.backward();
+    torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);
+    opt->step();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::vector<double> steady(times.begin() + steps / 4, times.end());
+  std::sort(steady.begin(), steady.end());
+  double step_s = steady[steady.size() / 2];
+  std::printf("{\"step_ms\": %.3f, \"tokens_per_s\": %.1f, \"samples_per_s\": %.2f, \"precision\": \"%s\"}\n",
+              step_s * 1e3, static_cast<double>(batch * seq) / step_s, static_cast<double>(batch) / step_s,
+              precision.c_str());
+  return 0;
+}

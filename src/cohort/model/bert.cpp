@@ -1,0 +1,236 @@
+#include "cohort/model/bert.hpp"
+
+#include <torch/nn.h>
+
+#include <cmath>
+
+#include "cohort/config/config.hpp"
+#include "cohort/core/error.hpp"
+
+namespace cohort {
+
+namespace nn = torch::nn;
+
+BertConfig BertConfig::from(const ModelOptions& o, int64_t data_vocab_size) {
+  BertConfig c;
+  c.vocab_size = o.vocab_size > 0 ? o.vocab_size : data_vocab_size;
+  c.hidden = o.hidden;
+  c.layers = o.layers;
+  c.heads = o.heads;
+  c.intermediate = o.intermediate > 0 ? o.intermediate : 4 * o.hidden;
+  c.max_positions = o.max_positions;
+  c.type_vocab = o.type_vocab;
+  c.hidden_dropout = o.dropout;
+  c.attention_dropout = o.attention_dropout;
+  COHORT_CHECK(c.vocab_size >= 5, ConfigError, "model.vocab-size is ", c.vocab_size,
+               ": set it, or give data.path a manifest.json or vocab.txt that names the vocabulary");
+  COHORT_CHECK(c.hidden % c.heads == 0, ConfigError, "model.hidden (", c.hidden,
+               ") must be divisible by model.heads (", c.heads, ")");
+  return c;
+}
+
+namespace {
+
+// Hugging Face's module tree, so parameter names match BertForPreTraining.
+struct SelfAttentionImpl : nn::Module {
+  SelfAttentionImpl(const BertConfig& c)
+      : heads(c.heads),
+        head_dim(c.hidden / c.heads),
+        query(register_module("query", nn::Linear(c.hidden, c.hidden))),
+        key(register_module("key", nn::Linear(c.hidden, c.hidden))),
+        value(register_module("value", nn::Linear(c.hidden, c.hidden))),
+        dropout(register_module("dropout", nn::Dropout(c.attention_dropout))) {}
+
+  // x [B,L,H]; bias [B,1,1,L] additive mask.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias) {
+    auto b = x.size(0), l = x.size(1);
+    auto split = [&](const torch::Tensor& t) { return t.view({b, l, heads, head_dim}).transpose(1, 2); };
+    auto q = split(query(x)), k = split(key(x)), v = split(value(x));
+    auto scores = torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(head_dim));
+    auto probs = dropout(torch::softmax(scores + bias, -1));
+    auto ctx = torch::matmul(probs.to(v.scalar_type()), v);  // [B,A,L,D]
+    return ctx.transpose(1, 2).reshape({b, l, heads * head_dim});
+  }
+
+  int64_t heads, head_dim;
+  nn::Linear query, key, value;
+  nn::Dropout dropout;
+};
+TORCH_MODULE(SelfAttention);
+
+// dense -> dropout -> LayerNorm(residual + .), HF's BertSelfOutput / BertOutput.
+struct ResidualOutImpl : nn::Module {
+  ResidualOutImpl(const BertConfig& c, int64_t in)
+      : dense(register_module("dense", nn::Linear(in, c.hidden))),
+        LayerNorm(register_module("LayerNorm",
+                                  nn::LayerNorm(nn::LayerNormOptions({c.hidden}).eps(c.layer_norm_eps)))),
+        dropout(register_module("dropout", nn::Dropout(c.hidden_dropout))) {}
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& residual) {
+    return LayerNorm(dropout(dense(x)) + residual);
+  }
+  nn::Linear dense;
+  nn::LayerNorm LayerNorm;
+  nn::Dropout dropout;
+};
+TORCH_MODULE(ResidualOut);
+
+struct AttentionImpl : nn::Module {
+  AttentionImpl(const BertConfig& c)
+      : self(register_module("self", SelfAttention(c))), output(register_module("output", ResidualOut(c, c.hidden))) {}
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias) { return output(self(x, bias), x); }
+  SelfAttention self;
+  ResidualOut output;
+};
+TORCH_MODULE(Attention);
+
+struct DenseImpl : nn::Module {  // HF's BertIntermediate: a module holding `dense`
+  DenseImpl(int64_t in, int64_t out) : dense(register_module("dense", nn::Linear(in, out))) {}
+  nn::Linear dense;
+};
+TORCH_MODULE(Dense);
+
+struct LayerImpl : nn::Module {
+  LayerImpl(const BertConfig& c)
+      : attention(register_module("attention", Attention(c))),
+        intermediate(register_module("intermediate", Dense(c.hidden, c.intermediate))),
+        output(register_module("output", ResidualOut(c, c.intermediate))) {}
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias) {
+    auto a = attention(x, bias);
+    return output(torch::gelu(intermediate->dense(a)), a);
+  }
+  Attention attention;
+  Dense intermediate;
+  ResidualOut output;
+};
+TORCH_MODULE(Layer);
+
+struct EmbeddingsImpl : nn::Module {
+  EmbeddingsImpl(const BertConfig& c)
+      : word_embeddings(register_module("word_embeddings", nn::Embedding(c.vocab_size, c.hidden))),
+        position_embeddings(register_module("position_embeddings", nn::Embedding(c.max_positions, c.hidden))),
+        token_type_embeddings(register_module("token_type_embeddings", nn::Embedding(c.type_vocab, c.hidden))),
+        LayerNorm(register_module("LayerNorm",
+                                  nn::LayerNorm(nn::LayerNormOptions({c.hidden}).eps(c.layer_norm_eps)))),
+        dropout(register_module("dropout", nn::Dropout(c.hidden_dropout))) {}
+  torch::Tensor forward(const torch::Tensor& ids, const torch::Tensor& segments) {
+    auto positions = torch::arange(ids.size(1), ids.options()).unsqueeze(0);
+    auto e = word_embeddings(ids) + position_embeddings(positions) + token_type_embeddings(segments);
+    return dropout(LayerNorm(e));
+  }
+  nn::Embedding word_embeddings, position_embeddings, token_type_embeddings;
+  nn::LayerNorm LayerNorm;
+  nn::Dropout dropout;
+};
+TORCH_MODULE(Embeddings);
+
+struct EncoderImpl : nn::Module {
+  EncoderImpl(const BertConfig& c) : layer(register_module("layer", nn::ModuleList())) {
+    for (int64_t i = 0; i < c.layers; ++i) layer->push_back(Layer(c));
+  }
+  nn::ModuleList layer;
+};
+TORCH_MODULE(Encoder);
+
+struct BertImpl : nn::Module {
+  BertImpl(const BertConfig& c)
+      : embeddings(register_module("embeddings", Embeddings(c))),
+        encoder(register_module("encoder", Encoder(c))),
+        pooler(register_module("pooler", Dense(c.hidden, c.hidden))) {}
+  Embeddings embeddings;
+  Encoder encoder;
+  Dense pooler;
+};
+TORCH_MODULE(Bert);
+
+struct TransformImpl : nn::Module {  // HF's BertPredictionHeadTransform
+  TransformImpl(const BertConfig& c)
+      : dense(register_module("dense", nn::Linear(c.hidden, c.hidden))),
+        LayerNorm(register_module("LayerNorm",
+                                  nn::LayerNorm(nn::LayerNormOptions({c.hidden}).eps(c.layer_norm_eps)))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return LayerNorm(torch::gelu(dense(x))); }
+  nn::Linear dense;
+  nn::LayerNorm LayerNorm;
+};
+TORCH_MODULE(Transform);
+
+struct PredictionsImpl : nn::Module {  // cls.predictions: transform + tied decoder + bias
+  PredictionsImpl(const BertConfig& c)
+      : transform(register_module("transform", Transform(c))),
+        bias(register_parameter("bias", torch::zeros({c.vocab_size}))) {}
+  Transform transform;
+  torch::Tensor bias;
+};
+TORCH_MODULE(Predictions);
+
+struct ClsImpl : nn::Module {
+  ClsImpl(const BertConfig& c)
+      : predictions(register_module("predictions", Predictions(c))),
+        seq_relationship(register_module("seq_relationship", nn::Linear(c.hidden, 2))) {}
+  Predictions predictions;
+  nn::Linear seq_relationship;
+};
+TORCH_MODULE(Cls);
+
+}  // namespace
+
+struct BertForPretrainingImpl::Parts {
+  Bert bert{nullptr};
+  Cls cls{nullptr};
+};
+
+BertForPretrainingImpl::BertForPretrainingImpl(const BertConfig& cfg) : cfg_(cfg), p_(std::make_shared<Parts>()) {
+  p_->bert = register_module("bert", Bert(cfg));
+  p_->cls = register_module("cls", Cls(cfg));
+  reset_parameters();
+}
+
+void BertForPretrainingImpl::reset_parameters() {
+  torch::NoGradGuard no_grad;
+  for (auto& item : named_parameters()) {
+    const std::string& name = item.key();
+    auto& t = item.value();
+    bool is_norm = name.find("LayerNorm") != std::string::npos;
+    if (is_norm && name.size() >= 6 && name.compare(name.size() - 6, 6, "weight") == 0) {
+      t.fill_(1.0);
+    } else if (t.dim() >= 2) {
+      t.normal_(0.0, cfg_.init_std);
+    } else {
+      t.zero_();
+    }
+  }
+}
+
+torch::Tensor BertForPretrainingImpl::encode(const torch::Tensor& input_ids, const torch::Tensor& segment_ids,
+                                             const torch::Tensor& input_mask) {
+  auto& bert = p_->bert;
+  auto x = bert->embeddings(input_ids, segment_ids);
+  // 0 where attended, -10000 at padding, broadcast over heads and queries.
+  auto bias = ((1.0 - input_mask.to(torch::kFloat32)) * -10000.0).view({input_mask.size(0), 1, 1, input_mask.size(1)});
+  for (const auto& layer : *bert->encoder->layer) x = layer->as<LayerImpl>()->forward(x, bias);
+  return x;
+}
+
+BertOutputs BertForPretrainingImpl::forward(const BertBatch& batch) {
+  COHORT_CHECK(batch.input_ids.size(1) <= cfg_.max_positions, DataError, "a batch has sequences of length ",
+               batch.input_ids.size(1), " but model.max-positions is ", cfg_.max_positions);
+  auto hidden = encode(batch.input_ids, batch.segment_ids, batch.input_mask);  // [B,L,H]
+  auto& bert = p_->bert;
+  auto& cls = p_->cls;
+  BertOutputs out;
+  // NSP from the pooled [CLS] state.
+  auto pooled = torch::tanh(bert->pooler->dense(hidden.select(1, 0)));
+  out.nsp_logits = cls->seq_relationship(pooled);
+  // MLM only where there is a prediction: gather [B,P,H], keep the M real rows.
+  auto b = hidden.size(0), h = hidden.size(2);
+  auto pos = batch.masked_positions.clamp_min(0);
+  auto gathered = hidden.gather(1, pos.unsqueeze(-1).expand({b, pos.size(1), h})).reshape({-1, h});
+  auto keep = batch.masked_ids.reshape({-1}).ge(0).nonzero().squeeze(1);
+  auto picked = gathered.index_select(0, keep);
+  out.mlm_labels = batch.masked_ids.reshape({-1}).index_select(0, keep);
+  auto t = cls->predictions->transform(picked);
+  const auto& decoder = bert->embeddings->word_embeddings->weight;  // tied
+  out.mlm_logits = torch::nn::functional::linear(t, decoder, cls->predictions->bias);
+  return out;
+}
+
+}  // namespace cohort

@@ -1,0 +1,72 @@
+// defines: BertConfig, BertBatch, BertOutputs, BertForPretraining, make_bert
+//
+// A BERT encoder with the pretraining heads (masked LM and next sentence).
+// Parameters carry Hugging Face's names (bert.embeddings.word_embeddings.weight,
+// bert.encoder.layer.0.attention.self.query.weight, cls.predictions.bias, ...)
+// so a checkpoint's model.safetensors loads into BertForPreTraining. The MLM
+// decoder is tied to the word embeddings and, unlike HetSeq, is applied only
+// at the masked positions: [M,H] x [H,V] rather than [B*L,H] x [H,V].
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+
+namespace cohort {
+
+struct ModelOptions;
+
+struct BertConfig {
+  int64_t vocab_size = 30522;
+  int64_t hidden = 768;
+  int64_t layers = 12;
+  int64_t heads = 12;
+  int64_t intermediate = 3072;
+  int64_t max_positions = 512;
+  int64_t type_vocab = 2;
+  double hidden_dropout = 0.1;
+  double attention_dropout = 0.1;
+  double init_std = 0.02;
+  double layer_norm_eps = 1e-12;
+
+  // From model.* keys; a vocab size of 0 there means `data_vocab_size`.
+  // Throws ConfigError for inconsistent sizes (hidden not divisible by heads).
+  static BertConfig from(const ModelOptions& opts, int64_t data_vocab_size);
+};
+
+struct BertBatch {
+  torch::Tensor input_ids;        // int64 [B,L]
+  torch::Tensor segment_ids;      // int64 [B,L]
+  torch::Tensor input_mask;       // int64 [B,L], 1 for real tokens
+  torch::Tensor masked_positions; // int64 [B,P]
+  torch::Tensor masked_ids;       // int64 [B,P], -1 where no prediction
+};
+
+struct BertOutputs {
+  torch::Tensor mlm_logits;  // [M,V] at the M real masked positions (row-major over [B,P])
+  torch::Tensor mlm_labels;  // int64 [M]
+  torch::Tensor nsp_logits;  // [B,2]
+};
+
+class BertForPretrainingImpl : public torch::nn::Module {
+ public:
+  explicit BertForPretrainingImpl(const BertConfig& cfg);
+  BertOutputs forward(const BertBatch& batch);
+  // The encoder's last hidden states [B,L,H] (no heads).
+  torch::Tensor encode(const torch::Tensor& input_ids, const torch::Tensor& segment_ids,
+                       const torch::Tensor& input_mask);
+  const BertConfig& config() const { return cfg_; }
+  // BERT's initialisation: normal(0, init_std) weights, zero biases, unit
+  // LayerNorm scales. Deterministic under torch::manual_seed.
+  void reset_parameters();
+
+ private:
+  struct Parts;
+  BertConfig cfg_;
+  std::shared_ptr<Parts> p_;
+};
+TORCH_MODULE(BertForPretraining);
+
+}  // namespace cohort

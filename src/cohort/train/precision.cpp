@@ -1,0 +1,87 @@
+#include "cohort/train/precision.hpp"
+
+#include <ATen/autocast_mode.h>
+
+#include <fstream>
+#include <string>
+
+#include "cohort/core/error.hpp"
+
+namespace cohort {
+
+bool cpu_has_bf16() {
+  static const bool has = [] {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("flags", 0) != 0) continue;
+      return line.find(" avx512_bf16") != std::string::npos || line.find(" amx_bf16") != std::string::npos;
+    }
+    return false;
+  }();
+  return has;
+}
+
+std::string resolve_precision(const std::string& requested, const c10::Device& device) {
+  if (requested == "auto") {
+    if (device.is_cuda()) return "fp16";
+    return cpu_has_bf16() ? "bf16" : "fp32";
+  }
+  COHORT_CHECK(!(requested == "fp16" && device.is_cpu()), ConfigError,
+               "train.precision fp16 needs a CUDA device (libtorch has no fp16 autocast on CPU); "
+               "use bf16 or auto on CPU");
+  return requested;
+}
+
+AutocastScope::AutocastScope(const std::string& precision, const c10::Device& device) {
+  if (precision == "fp32") return;
+  if (device.is_cuda()) {
+    cuda_ = true;
+    at::autocast::set_enabled(true);
+    at::autocast::set_autocast_gpu_dtype(precision == "bf16" ? at::kBFloat16 : at::kHalf);
+  } else {
+    cpu_ = true;
+    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+  }
+}
+
+AutocastScope::~AutocastScope() {
+  if (cpu_) at::autocast::set_cpu_enabled(false);
+  if (cuda_) at::autocast::set_enabled(false);
+  if (cpu_ || cuda_) at::autocast::clear_cache();
+}
+
+LossScaler::LossScaler(bool enabled, double init_scale, double growth, double backoff, int64_t growth_interval)
+    : enabled_(enabled),
+      scale_(enabled ? init_scale : 1.0),
+      growth_(growth),
+      backoff_(backoff),
+      growth_interval_(growth_interval) {}
+
+torch::Tensor LossScaler::scale(const torch::Tensor& loss) const { return enabled_ ? loss * scale_ : loss; }
+
+bool LossScaler::unscale_and_update(torch::nn::Module& module) {
+  if (!enabled_) return true;
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> norms;
+  for (auto& p : module.parameters()) {
+    if (!p.grad().defined()) continue;
+    p.mutable_grad().mul_(1.0 / scale_);
+    norms.push_back(p.grad().abs().max().to(torch::kFloat32));
+  }
+  bool finite = norms.empty() || torch::stack(norms).isfinite().all().item<bool>();
+  if (!finite) {
+    scale_ *= backoff_;
+    clean_steps_ = 0;
+    ++skipped_;
+    return false;
+  }
+  if (++clean_steps_ >= growth_interval_) {
+    scale_ *= growth_;
+    clean_steps_ = 0;
+  }
+  return true;
+}
+
+}  // namespace cohort

@@ -1,0 +1,64 @@
+// defines: resolve_precision, cpu_has_bf16, AutocastScope, LossScaler
+//
+// Mixed precision. Master weights and gradients stay fp32; autocast runs the
+// forward's matrix products in bf16 (CPU) or fp16 (CUDA). fp16's narrow range
+// needs dynamic loss scaling, which libtorch's C++ API does not provide.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <string>
+
+namespace cohort {
+
+// train.precision -> "fp32" | "bf16" | "fp16". "auto" is fp16 on CUDA, bf16 on
+// a CPU with native bf16 (AVX512-BF16 or AMX), fp32 otherwise. Throws
+// ConfigError for fp16 on CPU (libtorch 1.13 has no fp16 CPU autocast).
+std::string resolve_precision(const std::string& requested, const c10::Device& device);
+
+// True when /proc/cpuinfo lists avx512_bf16 or amx_bf16.
+bool cpu_has_bf16();
+
+// Autocast on for the scope's lifetime when precision is bf16 or fp16.
+class AutocastScope {
+ public:
+  AutocastScope(const std::string& precision, const c10::Device& device);
+  ~AutocastScope();
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  bool cpu_ = false;
+  bool cuda_ = false;
+};
+
+// Dynamic loss scaling (as torch.cuda.amp.GradScaler): the loss is multiplied
+// by `scale` before backward; after the gradients are final (all-reduced, so
+// identical on every rank) they are divided back. A non-finite gradient skips
+// the step and halves the scale; `growth_interval` clean steps double it.
+// Disabled, it is the identity and every step is taken.
+class LossScaler {
+ public:
+  explicit LossScaler(bool enabled, double init_scale = 65536.0, double growth = 2.0, double backoff = 0.5,
+                      int64_t growth_interval = 2000);
+
+  bool enabled() const { return enabled_; }
+  double scale() const { return scale_; }
+  torch::Tensor scale(const torch::Tensor& loss) const;
+  // Unscales every gradient of `module` in place and reports whether all are
+  // finite; updates the scale. The caller skips the optimizer step on false.
+  bool unscale_and_update(torch::nn::Module& module);
+  int64_t skipped() const { return skipped_; }
+
+ private:
+  bool enabled_;
+  double scale_;
+  double growth_, backoff_;
+  int64_t growth_interval_;
+  int64_t clean_steps_ = 0;
+  int64_t skipped_ = 0;
+};
+
+}  // namespace cohort

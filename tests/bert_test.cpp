@@ -1,0 +1,178 @@
+// The BERT model, optimizers and schedules against PyTorch. The reference
+// numbers come from tests/golden/make_golden.py (python3-torch), which writes
+// tests/golden/golden.safetensors; the script says how each was computed.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+#include "cohort/ckpt/safetensors.hpp"
+#include "cohort/config/config.hpp"
+#include "cohort/model/bert.hpp"
+#include "cohort/train/optim.hpp"
+
+namespace cohort {
+namespace {
+
+const SafetensorsFile& golden() {
+  static const SafetensorsFile g = load_safetensors(COHORT_SOURCE_DIR "/tests/golden/golden.safetensors");
+  return g;
+}
+
+const torch::Tensor& gold(const std::string& name) {
+  auto it = golden().tensors.find(name);
+  if (it == golden().tensors.end()) throw std::runtime_error("golden file has no " + name);
+  return it->second;
+}
+
+double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
+}
+
+BertConfig golden_config() {
+  BertConfig c;
+  c.vocab_size = 50;
+  c.hidden = 16;
+  c.layers = 2;
+  c.heads = 2;
+  c.intermediate = 32;
+  c.max_positions = 24;
+  c.type_vocab = 2;
+  c.hidden_dropout = 0.0;
+  c.attention_dropout = 0.0;
+  return c;
+}
+
+TEST(Bert, ParameterNamesAreHuggingFaces) {
+  BertForPretraining model(golden_config());
+  std::set<std::string> ours, theirs;
+  for (const auto& item : model->named_parameters()) ours.insert(item.key());
+  for (const auto& [name, t] : golden().tensors) {
+    if (name.rfind("bert.param.", 0) == 0) theirs.insert(name.substr(11));
+  }
+  EXPECT_EQ(ours, theirs);
+  EXPECT_TRUE(ours.count("bert.encoder.layer.1.attention.self.query.weight"));
+}
+
+TEST(Bert, ForwardLossesAndEveryGradientMatchPyTorch) {
+  BertForPretraining model(golden_config());
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& item : model->named_parameters()) {
+      const auto& ref = gold("bert.param." + item.key());
+      ASSERT_EQ(item.value().sizes(), ref.sizes()) << item.key();
+      item.value().copy_(ref);
+    }
+  }
+  model->train();
+  BertBatch batch{gold("bert.in.input_ids"), gold("bert.in.segment_ids"), gold("bert.in.input_mask"),
+                  gold("bert.in.masked_lm_positions"), gold("bert.in.masked_lm_ids")};
+  BertOutputs out = model->forward(batch);
+  auto sum = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
+  auto mlm = torch::nn::functional::cross_entropy(out.mlm_logits, out.mlm_labels, sum);
+  auto nsp = torch::nn::functional::cross_entropy(out.nsp_logits, gold("bert.in.next_sentence_labels"), sum);
+  double m = gold("bert.out.mlm_count").item<double>(), b = gold("bert.out.nsp_count").item<double>();
+  ASSERT_EQ(out.mlm_labels.size(0), static_cast<int64_t>(m));
+  EXPECT_NEAR(mlm.item<double>(), gold("bert.out.mlm_sum").item<double>(), 1e-5);
+  EXPECT_NEAR(nsp.item<double>(), gold("bert.out.nsp_sum").item<double>(), 1e-5);
+  (mlm / m + nsp / b).backward();
+  double worst = 0;
+  std::string worst_name;
+  for (const auto& item : model->named_parameters()) {
+    ASSERT_TRUE(item.value().grad().defined()) << item.key();
+    const auto& ref = gold("bert.grad." + item.key());
+    double d = max_abs_diff(item.value().grad(), ref);
+    EXPECT_LE(d, 1e-5) << item.key() << " max |grad - pytorch| = " << d;
+    // A gradient that is all zero would pass trivially: the reference is not.
+    EXPECT_GT(ref.abs().max().item<double>(), 1e-3) << item.key();
+    if (d > worst) worst = d, worst_name = item.key();
+  }
+  std::printf("[ golden ] worst gradient difference %.3g (%s)\n", worst, worst_name.c_str());
+}
+
+TEST(Bert, FreshModelLossIsLnVocabPlusLn2) {
+  torch::manual_seed(7);
+  BertConfig c;
+  c.vocab_size = 1000;
+  c.hidden = 64;
+  c.layers = 2;
+  c.heads = 2;
+  c.intermediate = 128;
+  c.max_positions = 64;
+  BertForPretraining model(c);
+  model->eval();
+  int64_t bsz = 16, len = 32, p = 5;
+  BertBatch batch{torch::randint(5, c.vocab_size, {bsz, len}, torch::kLong), torch::zeros({bsz, len}, torch::kLong),
+                  torch::ones({bsz, len}, torch::kLong), torch::randint(1, len, {bsz, p}, torch::kLong),
+                  torch::randint(5, c.vocab_size, {bsz, p}, torch::kLong)};
+  torch::NoGradGuard no_grad;
+  auto out = model->forward(batch);
+  double mlm = torch::nn::functional::cross_entropy(out.mlm_logits, out.mlm_labels).item<double>();
+  double nsp = torch::nn::functional::cross_entropy(out.nsp_logits, torch::randint(0, 2, {bsz}, torch::kLong))
+                   .item<double>();
+  EXPECT_NEAR(mlm + nsp, std::log(1000.0) + std::log(2.0), 0.05);
+}
+
+TEST(Bert, MlmLogitsOnlyAtMaskedPositions) {
+  BertConfig c = golden_config();
+  BertForPretraining model(c);
+  auto ids = torch::randint(5, c.vocab_size, {2, 8}, torch::kLong);
+  BertBatch batch{ids, torch::zeros_like(ids), torch::ones_like(ids), torch::tensor({{1, 2, 0}, {3, 0, 0}}),
+                  torch::tensor({{7, 8, -1}, {9, -1, -1}})};
+  auto out = model->forward(batch);
+  EXPECT_EQ(out.mlm_logits.sizes(), (std::vector<int64_t>{3, c.vocab_size}));
+  EXPECT_TRUE(out.mlm_labels.equal(torch::tensor({7, 8, 9})));
+  EXPECT_EQ(out.nsp_logits.sizes(), (std::vector<int64_t>{2, 2}));
+}
+
+struct TwoParams : torch::nn::Module {
+  TwoParams() {
+    w = register_parameter("w", gold("optim.w0").clone());
+    b = register_parameter("b", gold("optim.b0").clone());
+  }
+  torch::Tensor w, b;
+};
+
+void check_optimizer(const std::string& name) {
+  OptimOptions o;
+  o.name = name;
+  o.lr = 1e-2;
+  o.weight_decay = 0.01;
+  o.beta1 = 0.9;
+  o.beta2 = 0.999;
+  o.eps = 1e-6;
+  TwoParams m;
+  auto opt = make_optimizer(o, m);
+  const auto& gw = gold("optim.gw");
+  const auto& gb = gold("optim.gb");
+  for (int64_t k = 0; k < gw.size(0); ++k) {
+    m.w.mutable_grad() = gw[k].clone();
+    m.b.mutable_grad() = gb[k].clone();
+    opt->step();
+  }
+  EXPECT_LE(max_abs_diff(m.w, gold("optim." + name + ".w")), 1e-9) << name;
+  EXPECT_LE(max_abs_diff(m.b, gold("optim." + name + ".b")), 1e-9) << name;
+  EXPECT_GT(max_abs_diff(m.w, gold("optim.w0")), 1e-2) << name << " barely moved the weights";
+}
+
+TEST(Optim, AdamWMatchesPyTorchOver20Steps) { check_optimizer("adamw"); }
+TEST(Optim, LambMatchesThePublishedFormulaOver20Steps) { check_optimizer("lamb"); }
+
+TEST(Optim, SchedulesMatchPyTorchSchedulers) {
+  for (const std::string kind : {"constant", "linear", "cosine", "poly"}) {
+    LrSchedule s;
+    s.kind = kind;
+    s.peak = 1e-3;
+    s.warmup = 5;
+    s.total = 20;
+    s.min_ratio = kind == "poly" ? 0.0 : 0.1;
+    s.power = 2.0;
+    const auto& ref = gold("sched." + kind);
+    for (int64_t k = 0; k < 20; ++k) {
+      EXPECT_NEAR(s.at(k), ref[k].item<double>(), 1e-12) << kind << " step " << k;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cohort
