@@ -14,11 +14,13 @@
 #include "cohort/ckpt/export.hpp"
 #include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/core/version.hpp"
 #include "cohort/dist/comm.hpp"
 #include "cohort/dist/rendezvous.hpp"
 #include "cohort/launch/bench.hpp"
 #include "cohort/launch/launcher.hpp"
 #include "cohort/obs/plot.hpp"
+#include "cohort/text/prepare.hpp"
 #include "cohort/train/stop.hpp"
 #include "cohort/train/trainer.hpp"
 
@@ -38,7 +40,7 @@ int fail(const std::string& msg, int code) {
 int main(int argc, char** argv) {
   using namespace cohort;
   CLI::App app{"Cohort: data-parallel training of transformer models across heterogeneous machines."};
-  app.set_version_flag("--version", "cohort 0.1.0");
+  app.set_version_flag("--version", std::string("cohort ") + kVersion);
   app.require_subcommand(1);
 
   CLI::App* train = app.add_subcommand("train", "Train a model. Config keys come from --config FILE.toml "
@@ -97,6 +99,44 @@ int main(int argc, char** argv) {
   bench->add_option("train-args", bench_train_args, "arguments for `cohort train` (--config, --model.*, ...)");
   bench->allow_extras(false);
 
+  CLI::App* prepare = app.add_subcommand(
+      "prepare", "BERT pretraining data: text files or the GCIDE dictionary -> WordPiece vocabulary -> "
+                 "masked-LM/next-sentence instances -> HDF5 shards in OUT/{train,valid,test}/");
+  text::PrepareOptions prep;
+  bool prep_cased = false;
+  prepare->add_option("--input", prep.inputs,
+                      "text file (one sentence per line, a blank line between documents; .gz read too) or the "
+                      "GCIDE dictionary (.dict or .dict.dz, e.g. /usr/share/dictd/gcide.dict.dz); repeatable")
+      ->required();
+  prepare->add_option("--out", prep.out, "output directory: vocab.txt, manifest.json, train/ valid/ test/")
+      ->required();
+  prepare->add_option("--vocab", prep.vocab, "use this vocab.txt instead of building one from the training split");
+  prepare->add_option("--vocab-size", prep.vocab_size, "tokens in the vocabulary built (without --vocab)")
+      ->capture_default_str();
+  prepare->add_flag("--cased", prep_cased, "keep case and accents (default: lowercase and strip accents)");
+  prepare->add_option("--max-seq-length", prep.max_seq_length, "tokens per instance, [CLS] and [SEP]s included")
+      ->capture_default_str();
+  prepare->add_option("--max-predictions", prep.max_predictions, "masked-LM targets per instance, at most")
+      ->capture_default_str();
+  prepare->add_option("--masked-lm-prob", prep.masked_lm_prob, "fraction of tokens to predict")
+      ->capture_default_str();
+  prepare->add_option("--short-seq-prob", prep.short_seq_prob,
+                      "chance that a document aims at a shorter random length")
+      ->capture_default_str();
+  prepare->add_option("--dupe-factor", prep.dupe_factor, "passes over the documents, each masked differently")
+      ->capture_default_str();
+  prepare->add_flag("--whole-word-mask", prep.whole_word_mask, "mask every piece of a word or none");
+  prepare->add_option("--valid-fraction", prep.valid_fraction, "fraction of documents for the valid split")
+      ->capture_default_str();
+  prepare->add_option("--test-fraction", prep.test_fraction, "fraction of documents for the test split")
+      ->capture_default_str();
+  prepare->add_option("--rows-per-shard", prep.rows_per_shard, "instances per HDF5 file")->capture_default_str();
+  prepare->add_option("--seed", prep.seed, "the same seed and inputs give the same shards, on any thread count")
+      ->capture_default_str();
+  prepare->add_option("--threads", prep.threads, "worker threads; 0: every core")->capture_default_str();
+  prepare->add_flag("--quiet", prep.quiet, "no progress lines and no summary");
+  prepare->add_flag("--overwrite", prep.overwrite, "replace what an earlier run wrote to --out");
+
   // Per-node launch flags: not config keys, since they differ between nodes.
   // HetSeq's spellings are accepted as aliases.
   CommOptions comm_opts;
@@ -147,6 +187,11 @@ int main(int argc, char** argv) {
   std::string who;
   try {
     if (bench->parsed()) return run_bench(bench_opts, bench_train_args);
+    if (prepare->parsed()) {
+      prep.lowercase = !prep_cased;
+      text::run_prepare(prep);
+      return 0;
+    }
     if (evaluator->parsed()) {
       RunOptions er;
       er.eval_only = true;

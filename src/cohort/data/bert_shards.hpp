@@ -1,4 +1,5 @@
-// defines: BertRows, write_bert_shard, BertShardInfo, BertShards, shard_files
+// defines: BertShardInfo, BertShards, shard_files (BertRows, write_bert_shard:
+//          data/bert_rows.hpp, included here)
 //
 // BERT pretraining data in NVIDIA's HDF5 layout, one file per shard:
 //
@@ -20,26 +21,10 @@
 #include <string>
 #include <vector>
 
+#include "cohort/data/bert_rows.hpp"
 #include "cohort/data/dataset.hpp"
 
 namespace cohort {
-
-// N rows for one shard, flat row-major.
-struct BertRows {
-  int64_t seq_len = 0;          // L
-  int64_t max_predictions = 0;  // P
-  std::vector<int32_t> input_ids;             // N*L
-  std::vector<int8_t> input_mask;             // N*L
-  std::vector<int8_t> segment_ids;            // N*L
-  std::vector<int32_t> masked_lm_positions;   // N*P
-  std::vector<int32_t> masked_lm_ids;         // N*P
-  std::vector<int8_t> next_sentence_labels;   // N
-  int64_t rows() const { return static_cast<int64_t>(next_sentence_labels.size()); }
-};
-
-// Writes one gzip-compressed shard (chunked by rows) atomically: a temporary
-// name, then rename. Throws DataError naming the file.
-void write_bert_shard(const std::string& path, const BertRows& rows);
 
 // The sorted shard files of `split` under `dir`. DataError when none.
 std::vector<std::string> shard_files(const std::string& dir, const std::string& split);

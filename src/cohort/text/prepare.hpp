@@ -1,5 +1,5 @@
 // defines: PrepareOptions, Document, read_text_documents, read_gcide_documents,
-//          make_instances, run_prepare
+//          gcide_sentences, run_prepare (instances: text/instances.hpp)
 //
 // `cohort prepare`: raw text -> vocabulary -> BERT pretraining instances in
 // the manner of BERT's create_pretraining_data -> NVIDIA-layout HDF5 shards
@@ -30,20 +30,29 @@ struct PrepareOptions {
   uint64_t seed = 12345;
   int threads = 0;  // 0: every core
   bool quiet = false;
+  bool overwrite = false;  // replace what an earlier run wrote to `out`
 };
 
 // One document: its sentences (or lines), in order.
 using Document = std::vector<std::string>;
 
 // Text files: one sentence per line, a blank line between documents.
+// Gzip-compressed files are read too. DataError naming the file.
 std::vector<Document> read_text_documents(const std::string& path);
 // The GCIDE dictionary (dictd format, .dict or .dict.dz): one entry per
-// document, its text split into sentences.
+// document, its text split into sentences. Entries are found through the
+// dictd index beside it (gcide.index) when there is one, else by layout;
+// the 00-database-* entries are skipped. DataError naming the file.
 std::vector<Document> read_gcide_documents(const std::string& path);
+// One dictd GCIDE entry's text, markup stripped, as sentences.
+std::vector<std::string> gcide_sentences(const std::string& entry);
 
 // Runs the whole pipeline; writes OUT/vocab.txt, OUT/manifest.json and
-// OUT/{train,valid,test}/part-NNNNN.hdf5. Prints progress with MB/s and the
-// [UNK] fraction unless quiet.
+// OUT/{train,valid,test}/part-NNNNN.hdf5. Prints progress (stderr) and a
+// summary with MB/s and the [UNK] fraction (stdout) unless quiet. Inputs
+// whose names end in .dict or .dict.dz are read as GCIDE, others as text.
+// UsageError naming the option for a bad value; UsageError when `out` holds
+// files and not `overwrite`.
 void run_prepare(const PrepareOptions& opts);
 
 }  // namespace cohort::text
