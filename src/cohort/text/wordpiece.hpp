@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -66,9 +67,11 @@ class WordPiece {
   const TokenizerOptions& options() const { return opts_; }
 
  private:
+  struct Pieces;  // the vocabulary as hash tables over string_views, built once
   Vocab vocab_;
   TokenizerOptions opts_;
   int32_t unk_ = -1;
+  std::shared_ptr<const Pieces> pieces_;  // immutable, so copies may share it
 };
 
 struct VocabBuildOptions {
@@ -80,7 +83,8 @@ struct VocabBuildOptions {
 };
 
 // Learns a WordPiece vocabulary from `texts` (each a document or a line):
-// the special tokens, every character seen (as itself and as ##c), then
+// the special tokens, every character seen (as itself, and as ##c when seen
+// inside a word; the most frequent ones if they alone exceed `size`), then
 // merged pieces until `size`. Deterministic for the same input.
 Vocab build_vocab(const std::vector<std::string>& texts, const VocabBuildOptions& opts);
 
