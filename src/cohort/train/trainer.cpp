@@ -502,7 +502,7 @@ void Trainer::State::run_eval() {
   if (last_eval_step == step) return;
   last_eval_step = step;
   auto t0 = Clock::now();
-  Tally tally = evaluate(*task, *eval_data, *comm, {cfg.eval.batch, cfg.eval.max_samples});
+  Tally tally = cohort::evaluate(*task, *eval_data, *comm, {cfg.eval.batch, cfg.eval.max_samples});
   nlohmann::json line = {{"kind", "eval"}, {"step", step}, {"split", cfg.eval.split},
                          {"count", static_cast<int64_t>(tally.count(task->count_metric()))}};
   std::string text;
