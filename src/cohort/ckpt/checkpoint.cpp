@@ -183,10 +183,37 @@ std::vector<std::pair<std::string, std::string>> read_config_values(const std::s
   return out;
 }
 
+void load_model_weights(torch::nn::Module& module, const std::string& path) {
+  auto weights = load_safetensors(path);
+  torch::NoGradGuard no_grad;
+  size_t matched = 0;
+  auto load_into = [&](const std::string& name, torch::Tensor& dst) {
+    auto it = weights.tensors.find(name);
+    COHORT_CHECK(it != weights.tensors.end(), ConfigError, path, " has no tensor '", name,
+                 "' that the model needs: was a model.* key changed?");
+    COHORT_CHECK(it->second.sizes() == dst.sizes(), ConfigError, path, ": tensor '", name, "' has shape ",
+                 it->second.sizes(), " but the model expects ", dst.sizes(), ": a model.* key differs");
+    dst.copy_(it->second.to(dst.device()));
+    ++matched;
+  };
+  for (auto& item : module.named_parameters()) load_into(item.key(), item.value());
+  for (auto& item : module.named_buffers()) load_into(item.key(), item.value());
+  COHORT_CHECK(matched == weights.tensors.size(), ConfigError, path, " has ", weights.tensors.size() - matched,
+               " tensor(s) the model does not have: was a model.* key changed?");
+}
+
+std::string model_weights_file(const std::string& path) {
+  fs::path p(path);
+  if (fs::is_regular_file(p)) return p.string();
+  if (fs::exists(p / "model.safetensors")) return (p / "model.safetensors").string();
+  std::vector<std::string> ignored;
+  return (fs::path(Checkpoints::resolve(path, &ignored)) / "model.safetensors").string();
+}
+
 std::vector<std::string> check_resume_config(const std::string& saved_toml, const std::string& current_toml) {
   // Keys that define what is trained and on which samples in which order.
   static const char* const kRefused[] = {"model.", "train.task", "train.seed", "data.path", "data.drop-last",
-                                         "data.global-batch", "optim.name"};
+                                         "data.bucket", "data.global-batch", "optim.name"};
   std::map<std::string, std::string> saved;
   for (auto& [k, v] : read_config_values(saved_toml)) saved[k] = v;
   std::vector<std::string> changes;

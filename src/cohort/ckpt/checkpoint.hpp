@@ -14,6 +14,7 @@
 // corrupt.
 #pragma once
 
+#include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
@@ -58,6 +59,16 @@ class Checkpoints {
   std::string root_;  // RUN_DIR/checkpoints
   int keep_;
 };
+
+// Copies every parameter and buffer of `module` from a safetensors file, by
+// name. A missing, extra or differently shaped tensor is a ConfigError naming
+// the file and tensor.
+void load_model_weights(torch::nn::Module& module, const std::string& safetensors_path);
+
+// The model.safetensors that `path` names: the file itself, a directory
+// holding one (an export or a checkpoint), or a run dir (its newest valid
+// checkpoint). Throws DataError when there is none.
+std::string model_weights_file(const std::string& path);
 
 // Reads a resolved config.toml into key -> literal value ("optim.lr" -> "0.001").
 std::vector<std::pair<std::string, std::string>> read_config_values(const std::string& toml_text);

@@ -95,6 +95,7 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("data.workers", c.data.workers, "background loader threads per rank; 0 loads inline");
   bind("data.prefetch", c.data.prefetch, "steps prepared ahead per rank");
   bind("data.drop-last", c.data.drop_last, "drop the epoch's last, short global batch");
+  bind("data.bucket", c.data.bucket, "length bucketing: sort each window of N global batches by length; 0 = off");
 
   bind("optim.name", c.optim.name, "adamw | lamb | sgd");
   bind("optim.lr", c.optim.lr, "peak learning rate");
@@ -136,6 +137,7 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("model.type-vocab", c.model.type_vocab, "bert: segment (token type) embeddings");
   bind("model.vocab-size", c.model.vocab_size, "bert: vocabulary; 0 = the data's (manifest.json or vocab.txt)");
   bind("model.attention-dropout", c.model.attention_dropout, "bert: dropout on attention probabilities");
+  bind("model.init", c.model.init, "start from these weights (model.safetensors, export, checkpoint or run dir); '' = fresh");
 }
 
 ConfigBinding::~ConfigBinding() = default;
@@ -236,6 +238,7 @@ void validate(const Config& c) {
   require(c.data.global_batch >= 1, "data.global-batch", c.data.global_batch, "must be >= 1");
   require(c.data.workers >= 0, "data.workers", c.data.workers, "must be >= 0");
   require(c.data.prefetch >= 1, "data.prefetch", c.data.prefetch, "must be >= 1");
+  require(c.data.bucket >= 0, "data.bucket", c.data.bucket, "must be >= 0");
 
   require_one_of(c.optim.name, "optim.name", {"adamw", "lamb", "sgd"});
   require(c.optim.lr > 0, "optim.lr", c.optim.lr, "must be > 0");

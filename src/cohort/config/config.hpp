@@ -35,6 +35,7 @@ struct DataOptions {
   int workers = 1;            // background loader threads; 0: load inline
   int prefetch = 4;           // micro-batches prepared ahead per rank
   bool drop_last = false;     // drop the epoch's last, short global batch
+  int64_t bucket = 0;         // length bucketing window, in global batches; 0: off
 };
 
 struct OptimOptions {
@@ -89,6 +90,8 @@ struct ModelOptions {
   int64_t type_vocab = 2;
   int64_t vocab_size = 0;     // 0: the data's vocabulary (manifest.json or vocab.txt)
   double attention_dropout = 0.1;
+  std::string init;           // start from these weights: a model.safetensors, an
+                              // export dir, a checkpoint dir or a run dir
 };
 
 struct Config {

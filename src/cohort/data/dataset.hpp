@@ -26,6 +26,12 @@ class Dataset {
   // The collated batch of `indices`. The default collates get(i); datasets
   // that can gather many rows at once (in-memory tensors) override it.
   virtual Example get_batch(const std::vector<int64_t>& indices) const;
+  // Sequence datasets: sample i's real length, for length bucketing
+  // (data.bucket). The default, -1, means samples have no length.
+  virtual int64_t length(int64_t index) const {
+    (void)index;
+    return -1;
+  }
   // One line for logs: what this is and where it came from.
   virtual std::string describe() const = 0;
 };

@@ -1,5 +1,6 @@
 #include "cohort/data/order.hpp"
 
+#include <algorithm>
 #include <random>
 
 #include "cohort/core/error.hpp"
@@ -43,8 +44,9 @@ Slice split_evenly(int64_t n, int64_t part, int64_t parts) {
   return {begin, begin + base + (part < extra ? 1 : 0)};
 }
 
-GlobalOrder::GlobalOrder(int64_t dataset_size, int64_t global_batch, uint64_t seed, bool drop_last)
-    : size_(dataset_size), batch_(global_batch), seed_(seed) {
+GlobalOrder::GlobalOrder(int64_t dataset_size, int64_t global_batch, uint64_t seed, bool drop_last,
+                         Bucketing bucketing)
+    : size_(dataset_size), batch_(global_batch), seed_(seed), bucketing_(std::move(bucketing)) {
   COHORT_CHECK(size_ > 0, DataError, "the training set is empty");
   COHORT_CHECK(batch_ > 0, ConfigError, "data.global-batch must be >= 1 (got ", batch_, ")");
   usable_ = drop_last ? (size_ / batch_) * batch_ : size_;
@@ -77,9 +79,36 @@ std::shared_ptr<const std::vector<int64_t>> GlobalOrder::permutation(int64_t epo
   for (auto& [e, p] : cache_) {
     if (e == epoch) return p;
   }
-  auto perm = std::make_shared<const std::vector<int64_t>>(epoch_permutation(size_, seed_, epoch));
+  auto perm = std::make_shared<const std::vector<int64_t>>(bucketed(epoch_permutation(size_, seed_, epoch), epoch));
   if (cache_.size() >= 2) cache_.erase(cache_.begin());
   cache_.emplace_back(epoch, perm);
+  return perm;
+}
+
+std::vector<int64_t> GlobalOrder::bucketed(std::vector<int64_t> perm, int64_t epoch) const {
+  if (bucketing_.window_batches <= 0) return perm;
+  const int64_t window = bucketing_.window_batches * batch_;
+  std::vector<int64_t> lengths(perm.size());
+  for (int64_t begin = 0, w = 0; begin < usable_; begin += window, ++w) {
+    int64_t end = std::min(begin + window, usable_);
+    auto first = perm.begin() + begin, last = perm.begin() + end;
+    for (auto it = first; it != last; ++it) lengths[static_cast<size_t>(it - perm.begin())] = bucketing_.length(*it);
+    // Longest first; ties keep the permutation's order.
+    std::vector<int64_t> pos(static_cast<size_t>(end - begin));
+    for (int64_t i = 0; i < end - begin; ++i) pos[i] = begin + i;
+    std::stable_sort(pos.begin(), pos.end(), [&](int64_t a, int64_t b) { return lengths[a] > lengths[b]; });
+    std::vector<int64_t> sorted(pos.size());
+    for (size_t i = 0; i < pos.size(); ++i) sorted[i] = perm[static_cast<size_t>(pos[i])];
+    // Shuffle the window's full batches; a short last batch (the epoch's
+    // end) stays last.
+    int64_t full = (end - begin) / batch_;
+    auto order = epoch_permutation(full, splitmix64(seed_ ^ 0xB0C4E7ull) + static_cast<uint64_t>(w),
+                                   epoch);
+    for (int64_t b = 0; b < full; ++b) {
+      std::copy_n(sorted.begin() + order[b] * batch_, batch_, first + b * batch_);
+    }
+    std::copy(sorted.begin() + full * batch_, sorted.end(), first + full * batch_);
+  }
   return perm;
 }
 

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -39,9 +40,21 @@ std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch);
 // n % parts pieces get one extra element. Pieces may be empty when n < parts.
 Slice split_evenly(int64_t n, int64_t part, int64_t parts);
 
+// Length bucketing (data.bucket): the epoch's permutation is cut into windows
+// of `window_batches` global batches; within a window samples are sorted by
+// length, cut into global batches, and the batches are shuffled. Each batch
+// then holds similar lengths, so dynamic padding wastes little, and the order
+// is still a permutation that depends only on (seed, epoch, lengths): exactly
+// once, and the same for every world size.
+struct Bucketing {
+  int64_t window_batches = 0;                // 0: off
+  std::function<int64_t(int64_t)> length;    // sample index -> length
+};
+
 class GlobalOrder {
  public:
-  GlobalOrder(int64_t dataset_size, int64_t global_batch, uint64_t seed, bool drop_last);
+  GlobalOrder(int64_t dataset_size, int64_t global_batch, uint64_t seed, bool drop_last,
+              Bucketing bucketing = {});
 
   int64_t dataset_size() const { return size_; }
   int64_t global_batch() const { return batch_; }
@@ -60,8 +73,11 @@ class GlobalOrder {
   std::shared_ptr<const std::vector<int64_t>> permutation(int64_t epoch) const;
 
  private:
+  std::vector<int64_t> bucketed(std::vector<int64_t> perm, int64_t epoch) const;
+
   int64_t size_, batch_, usable_;
   uint64_t seed_;
+  Bucketing bucketing_;
   mutable std::mutex mu_;
   mutable std::vector<std::pair<int64_t, std::shared_ptr<const std::vector<int64_t>>>> cache_;
 };

@@ -211,10 +211,21 @@ Trainer::Trainer(Config cfg, Comm& comm, RunOptions run) : s_(std::make_unique<S
   s.grad_sync = std::make_unique<GradSync>(comm, *s.task->module(), gs);
   s.eval_data = s.task->eval_set(s.cfg.eval.split);
   const Dataset& train = s.task->train_set();
+  Bucketing bucketing;
+  if (s.cfg.data.bucket > 0) {
+    COHORT_CHECK(train.size() == 0 || train.length(0) >= 0, ConfigError,
+                 "data.bucket needs samples with lengths; train.task ", s.cfg.train.task, " has none");
+    bucketing = {s.cfg.data.bucket, [&train](int64_t i) { return train.length(i); }};
+  }
   s.order = std::make_unique<GlobalOrder>(train.size(), s.cfg.data.global_batch, s.cfg.train.seed,
-                                          s.cfg.data.drop_last);
+                                          s.cfg.data.drop_last, std::move(bucketing));
   s.total_steps = s.cfg.train.max_steps > 0 ? s.cfg.train.max_steps
                                              : s.cfg.train.epochs * s.order->steps_per_epoch();
+  // model.init: start from given weights (before the broadcast would be
+  // cleaner, but every rank reads the same file, so they agree).
+  if (!s.cfg.model.init.empty() && s.run.resume_dir.empty()) {
+    load_model_weights(*s.task->module(), model_weights_file(s.cfg.model.init));
+  }
   s.optimizer = make_optimizer(s.cfg.optim, *s.task->module());
   s.schedule = LrSchedule::from(s.cfg.optim, s.total_steps);
   s.interval = s.task->empty_tally();
@@ -259,24 +270,7 @@ Trainer::Trainer(Config cfg, Comm& comm, RunOptions run) : s_(std::make_unique<S
 // ranks keep their seed-derived streams: dropout masks are drawn per rank).
 void Trainer::State::resume(const std::string& dir) {
   CheckpointState st = Checkpoints::verify(dir);
-  auto weights = load_safetensors((fs::path(dir) / "model.safetensors").string());
-  auto& module = *task->module();
-  torch::NoGradGuard no_grad;
-  size_t matched = 0;
-  auto load_into = [&](const std::string& name, torch::Tensor& dst) {
-    auto it = weights.tensors.find(name);
-    COHORT_CHECK(it != weights.tensors.end(), ConfigError, dir, "/model.safetensors has no tensor '", name,
-                 "' that the model (model.name ", cfg.model.name, ") needs: was the model changed?");
-    COHORT_CHECK(it->second.sizes() == dst.sizes(), ConfigError, dir, "/model.safetensors: tensor '", name,
-                 "' has shape ", it->second.sizes(), " but the model expects ", dst.sizes(),
-                 ": a model.* key changed since the checkpoint");
-    dst.copy_(it->second.to(dst.device()));
-    ++matched;
-  };
-  for (auto& item : module.named_parameters()) load_into(item.key(), item.value());
-  for (auto& item : module.named_buffers()) load_into(item.key(), item.value());
-  COHORT_CHECK(matched == weights.tensors.size(), ConfigError, dir, "/model.safetensors has ",
-               weights.tensors.size() - matched, " tensor(s) the model does not have: was the model changed?");
+  load_model_weights(*task->module(), (fs::path(dir) / "model.safetensors").string());
   torch::load(*optimizer, (fs::path(dir) / "optimizer.pt").string());
   if (st.world_size == world.world_size) {
     auto rng = load_safetensors((fs::path(dir) / "rng.safetensors").string());
