@@ -1,5 +1,5 @@
-// defines: BertShardInfo, BertShards, shard_files (BertRows, write_bert_shard:
-//          data/bert_rows.hpp, included here)
+// defines: shard_files, BertShardInfo, BertShardsOptions, BertShards
+//          (BertRows, write_bert_shard: data/bert_rows.hpp, included here)
 //
 // BERT pretraining data in NVIDIA's HDF5 layout, one file per shard:
 //
@@ -26,7 +26,10 @@
 
 namespace cohort {
 
-// The sorted shard files of `split` under `dir`. DataError when none.
+// The sorted shard files (*.hdf5, *.h5) of `split` under `dir`: DIR/<split>/*
+// when that directory exists, else the files in DIR whose names contain the
+// split name ("train" also matches "training"). DataError when none, listing
+// what DIR holds.
 std::vector<std::string> shard_files(const std::string& dir, const std::string& split);
 
 struct BertShardInfo {
@@ -37,6 +40,18 @@ struct BertShardInfo {
   int64_t vocab_size = -1;  // from DIR/manifest.json when present, else -1
 };
 
+struct BertShardsOptions {
+  // Rows read at once from a file: one cache entry. 0: each file's own HDF5
+  // chunk rows (of input_ids), or 256 where it is not chunked.
+  int64_t block_rows = 0;
+  int64_t cache_blocks = 64;  // blocks kept in memory, least recently used out
+  // HDF5 files kept open, least recently used out. Opening one costs ~0.5 ms,
+  // keeping it open ~0.5 MiB (HDF5's metadata cache; more for files written
+  // with HDF5 1.8's B-tree chunk index). Random rows from more files than
+  // this pay an open for most rows.
+  int64_t open_files = 32;
+};
+
 // A Dataset over every shard of one split. Opening reads only each file's
 // shapes (validating keys, ranks and dtypes); rows are read on demand in
 // blocks through a small cache, so memory does not grow with the shards.
@@ -45,11 +60,20 @@ struct BertShardInfo {
 //   input_ids, input_mask, segment_ids      [L]   (batch: [B, Lmax], trimmed
 //                                                  to the longest real row)
 //   masked_lm_positions                     [P]
-//   masked_lm_ids                           [P]   -1 past the first 0 position
+//   masked_lm_ids                           [P]   -1 from the first 0 position on
 //   next_sentence_labels                    []    ([B] in a batch)
+//
+// A batch is trimmed to its longest row: the last real token (input_mask) or
+// masked position, whichever is later; for NVIDIA's data, max sum of
+// input_mask. Every error is a DataError naming the file, and the dataset
+// when one is at fault (a file HDF5 cannot open has none to name).
+//
+// Thread-safe: the Loader's workers call get_batch() concurrently. HDF5
+// (serial build) is not thread-safe, so every HDF5 call in the process goes
+// through one global lock; the cache has its own.
 class BertShards : public Dataset {
  public:
-  BertShards(const std::string& dir, const std::string& split);
+  BertShards(const std::string& dir, const std::string& split, BertShardsOptions opts = {});
   ~BertShards() override;
 
   int64_t size() const override;
@@ -60,7 +84,7 @@ class BertShards : public Dataset {
   const BertShardInfo& info() const;
   // Real (unpadded) length of each row, for length bucketing; reads input_mask
   // lazily and caches the answer.
-  int64_t length(int64_t index) const;
+  int64_t length(int64_t index) const override;
 
  private:
   struct Impl;
