@@ -3,7 +3,7 @@
 // global-norm clipping and AdamW, as bench/peers/bert_pretrain.py does in
 // PyTorch eager. bench/bert_vs_pytorch.py runs both side by side.
 //
-//   build/bench/bert_step_bench --hidden 256 --layers 4 --heads 4 --seq 128 \
+//   build/bench/bert_step_bench --hidden 256 --layers 4 --heads 4 --seq 128
 //       --batch 16 --precision bf16 --threads 2 --steps 20
 // prints one JSON line: {"step_ms": ..., "tokens_per_s": ..., ...}
 #include <CLI/CLI.hpp>

@@ -83,8 +83,12 @@ TEST(Bert, ForwardLossesAndEveryGradientMatchPyTorch) {
     const auto& ref = gold("bert.grad." + item.key());
     double d = max_abs_diff(item.value().grad(), ref);
     EXPECT_LE(d, 1e-5) << item.key() << " max |grad - pytorch| = " << d;
-    // A gradient that is all zero would pass trivially: the reference is not.
-    EXPECT_GT(ref.abs().max().item<double>(), 1e-3) << item.key();
+    // A gradient that is all zero would pass trivially, so the reference must
+    // not be; except the key bias's, which is zero in exact arithmetic: it adds
+    // the same q.b_k to every score of a query, and softmax ignores that.
+    if (item.key().find("attention.self.key.bias") == std::string::npos) {
+      EXPECT_GT(ref.abs().max().item<double>(), 1e-3) << item.key();
+    }
     if (d > worst) worst = d, worst_name = item.key();
   }
   std::printf("[ golden ] worst gradient difference %.3g (%s)\n", worst, worst_name.c_str());
