@@ -213,5 +213,22 @@ TEST(BertPipeline, PrepareTrainEvalExport) {
   EXPECT_EQ(init.code, 0) << init.err;
 }
 
+// A broken shard stops `cohort train` with exit code 1 and one line naming
+// the file (and the dataset, where HDF5 can open the file at all).
+TEST(BertPipeline, BrokenShardIsOneLineAndExitCode1) {
+  TempDir tmp;
+  write_numbered_shards(tmp.path(), {40, 50});
+  std::string part = tmp / "train/part-00001.hdf5";
+  auto size = std::filesystem::file_size(part);
+  std::filesystem::resize_file(part, size / 2);
+  auto r = test::run_cohort("train --train.task bert-pretrain --model.name bert --model.hidden 16 --model.layers 1"
+                            " --model.vocab-size 1100 --eval.split train --train.max-steps 2 --quiet --data.path " +
+                            tmp.path() + " --out " + tmp / "run");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("part-00001.hdf5"), std::string::npos) << r.err;
+  EXPECT_EQ(test::lines_of(r.err).size(), 1u) << r.err;
+  EXPECT_EQ(r.err.rfind("cohort: error: ", 0), 0u) << r.err;
+}
+
 }  // namespace
 }  // namespace cohort
