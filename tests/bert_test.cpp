@@ -4,12 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "cohort/ckpt/safetensors.hpp"
 #include "cohort/config/config.hpp"
 #include "cohort/model/bert.hpp"
+#include "cohort/core/error.hpp"
 #include "cohort/train/optim.hpp"
+#include "cohort/train/precision.hpp"
 
 namespace cohort {
 namespace {
@@ -136,6 +139,61 @@ struct TwoParams : torch::nn::Module {
   }
   torch::Tensor w, b;
 };
+
+// bf16 autocast (the default on CPUs that have it) runs the whole model and
+// gives nearly the fp32 losses; gradients stay fp32.
+TEST(Bert, Bf16AutocastForwardBackward) {
+  BertForPretraining model(golden_config());
+  BertBatch batch{gold("bert.in.input_ids"), gold("bert.in.segment_ids"), gold("bert.in.input_mask"),
+                  gold("bert.in.masked_lm_positions"), gold("bert.in.masked_lm_ids")};
+  auto losses = [&](const std::string& precision) {
+    torch::Tensor mlm;
+    {
+      AutocastScope autocast(precision, c10::Device(torch::kCPU));
+      auto out = model->forward(batch);
+      mlm = torch::nn::functional::cross_entropy(out.mlm_logits.to(torch::kFloat32), out.mlm_labels);
+    }
+    return mlm;
+  };
+  double fp32 = losses("fp32").item<double>();
+  auto bf16 = losses("bf16");
+  EXPECT_NEAR(bf16.item<double>(), fp32, 0.02 * fp32);
+  bf16.backward();
+  for (const auto& p : model->parameters()) {
+    ASSERT_TRUE(p.grad().defined());
+    EXPECT_EQ(p.grad().scalar_type(), torch::kFloat32);
+  }
+}
+
+TEST(LossScaler, SkipsOverflowingStepsAndAdaptsTheScale) {
+  TwoParams m;
+  LossScaler scaler(true, 1024.0, 2.0, 0.5, /*growth_interval=*/2);
+  EXPECT_DOUBLE_EQ(scaler.scale(torch::ones({})).item<double>(), 1024.0);
+  m.w.mutable_grad() = torch::full_like(m.w, 2048.0);
+  m.b.mutable_grad() = torch::full_like(m.b, 1024.0);
+  EXPECT_TRUE(scaler.unscale_and_update(m));
+  EXPECT_DOUBLE_EQ(m.w.grad()[0][0].item<double>(), 2.0);  // unscaled in place
+  m.b.mutable_grad()[0] = std::numeric_limits<double>::infinity();
+  EXPECT_FALSE(scaler.unscale_and_update(m));
+  EXPECT_DOUBLE_EQ(scaler.scale(), 512.0);  // backed off
+  EXPECT_EQ(scaler.skipped(), 1);
+  m.b.mutable_grad().fill_(1.0);
+  EXPECT_TRUE(scaler.unscale_and_update(m));
+  EXPECT_TRUE(scaler.unscale_and_update(m));
+  EXPECT_DOUBLE_EQ(scaler.scale(), 1024.0);  // grew after 2 clean steps
+  LossScaler off(false);
+  EXPECT_TRUE(off.unscale_and_update(m));
+  EXPECT_DOUBLE_EQ(off.scale(torch::ones({})).item<double>(), 1.0);
+}
+
+TEST(Precision, AutoPicksWhatTheDeviceRuns) {
+  c10::Device cpu(torch::kCPU);
+  EXPECT_EQ(resolve_precision("auto", cpu), cpu_has_bf16() ? "bf16" : "fp32");
+  EXPECT_EQ(resolve_precision("auto", c10::Device(torch::kCUDA, 0)), "fp16");
+  EXPECT_EQ(resolve_precision("fp32", cpu), "fp32");
+  EXPECT_THROW(resolve_precision("fp16", cpu), ConfigError);
+}
+
 
 void check_optimizer(const std::string& name) {
   OptimOptions o;

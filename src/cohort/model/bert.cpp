@@ -147,7 +147,9 @@ struct TransformImpl : nn::Module {  // HF's BertPredictionHeadTransform
       : dense(register_module("dense", nn::Linear(c.hidden, c.hidden))),
         LayerNorm(register_module("LayerNorm",
                                   nn::LayerNorm(nn::LayerNormOptions({c.hidden}).eps(c.layer_norm_eps)))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return LayerNorm(torch::gelu(dense(x))); }
+  // LayerNorm in fp32: under CPU autocast (libtorch 1.13) it does not cast a
+  // bf16 input to its fp32 weight's dtype by itself.
+  torch::Tensor forward(const torch::Tensor& x) { return LayerNorm(torch::gelu(dense(x)).to(torch::kFloat32)); }
   nn::Linear dense;
   nn::LayerNorm LayerNorm;
 };
