@@ -151,7 +151,9 @@ TEST(Bert, Bf16AutocastForwardBackward) {
     {
       AutocastScope autocast(precision, c10::Device(torch::kCPU));
       auto out = model->forward(batch);
-      mlm = torch::nn::functional::cross_entropy(out.mlm_logits.to(torch::kFloat32), out.mlm_labels);
+      mlm = torch::nn::functional::cross_entropy(out.mlm_logits.to(torch::kFloat32), out.mlm_labels) +
+            torch::nn::functional::cross_entropy(out.nsp_logits.to(torch::kFloat32),
+                                                 gold("bert.in.next_sentence_labels"));
     }
     return mlm;
   };
