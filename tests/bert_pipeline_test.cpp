@@ -6,6 +6,7 @@
 
 #include <set>
 
+#include "cohort/ckpt/safetensors.hpp"
 #include "cohort/data/bert_shards.hpp"
 #include "cohort/data/loader.hpp"
 #include "cohort/data/order.hpp"
@@ -165,7 +166,8 @@ TEST(BertPipeline, PrepareTrainEvalExport) {
   std::string common = " --train.task bert-pretrain --model.name bert --model.hidden 32 --model.layers 1"
                        " --model.heads 2 --model.max-positions 64 --data.path " + tmp / "data" +
                        " --data.global-batch 16 --eval.split valid --log.every-steps 5 --quiet";
-  auto train = test::run_cohort("train" + common + " --train.max-steps 20 --optim.lr 0.003 --out " + tmp / "run");
+  auto train = test::run_cohort("train" + common + " --train.max-steps 20 --optim.lr 0.003 --ckpt.every-steps 10 --out " +
+                                tmp / "run");
   ASSERT_EQ(train.code, 0) << train.err;
   auto lines = test::lines_of(test::read_file(tmp / "run/metrics.jsonl"));
   int train_lines = 0, eval_lines = 0;
@@ -190,6 +192,12 @@ TEST(BertPipeline, PrepareTrainEvalExport) {
   EXPECT_EQ(last["split"], "test");
   EXPECT_GT(last["count"].get<int64_t>(), 0);
 
+  // Evaluating an older checkpoint leaves the run's newer ones in place.
+  auto older = test::run_cohort("eval " + tmp / "run/checkpoints/step-10" + " --split valid --max-samples 8");
+  ASSERT_EQ(older.code, 0) << older.err;
+  EXPECT_TRUE(std::filesystem::exists(tmp / "run/checkpoints/step-20"));
+  EXPECT_NE(test::read_file(tmp / "run/checkpoints/latest").find("step-20"), std::string::npos);
+
   auto exp = test::run_cohort("export " + tmp / "run" + " -o " + tmp / "export");
   ASSERT_EQ(exp.code, 0) << exp.err;
   auto cfg = nlohmann::json::parse(test::read_file(tmp / "export/config.json"));
@@ -207,10 +215,18 @@ TEST(BertPipeline, PrepareTrainEvalExport) {
   EXPECT_EQ(short_pos.code, 2) << short_pos.err;
   EXPECT_NE(short_pos.err.find("model.max-positions"), std::string::npos) << short_pos.err;
 
-  // model.init starts a new run from the first run's weights.
-  auto init = test::run_cohort("train" + common + " --train.max-steps 2 --model.init " + tmp / "export" +
-                               " --out " + tmp / "run2");
-  EXPECT_EQ(init.code, 0) << init.err;
+  // model.init starts a new run from the first run's weights: with a
+  // vanishing lr, its one step leaves them where they were.
+  auto init = test::run_cohort("train" + common + " --train.max-steps 1 --optim.lr 1e-30 --model.init " +
+                               tmp / "export" + " --out " + tmp / "run2");
+  ASSERT_EQ(init.code, 0) << init.err;
+  ASSERT_EQ(test::run_cohort("export " + tmp / "run2" + " -o " + tmp / "export2").code, 0);
+  auto a = load_safetensors(tmp / "export/model.safetensors");
+  auto b = load_safetensors(tmp / "export2/model.safetensors");
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (const auto& [name, t] : a.tensors) {
+    EXPECT_TRUE(torch::allclose(t, b.tensors.at(name), 0, 1e-6)) << name;
+  }
 }
 
 // A broken shard stops `cohort train` with exit code 1 and one line naming

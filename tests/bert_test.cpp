@@ -151,6 +151,8 @@ TEST(Bert, Bf16AutocastForwardBackward) {
     {
       AutocastScope autocast(precision, c10::Device(torch::kCPU));
       auto out = model->forward(batch);
+      // Autocast really ran the decoder in bf16 (or, for fp32, did not).
+      EXPECT_EQ(out.mlm_logits.scalar_type(), precision == "bf16" ? torch::kBFloat16 : torch::kFloat32);
       mlm = torch::nn::functional::cross_entropy(out.mlm_logits.to(torch::kFloat32), out.mlm_labels) +
             torch::nn::functional::cross_entropy(out.nsp_logits.to(torch::kFloat32),
                                                  gold("bert.in.next_sentence_labels"));

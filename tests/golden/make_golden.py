@@ -159,7 +159,8 @@ LR, WD, BETAS, OPT_EPS, STEPS = 1e-2, 0.01, (0.9, 0.999), 1e-6, 20
 
 
 def lamb(w, b, grads_w, grads_b):
-    """LAMB: Adam moments, bias correction, r = m^/(sqrt(v^)+eps) + wd*w, trust ratio ||w||/||r||."""
+    """LAMB (You et al. 2019, Algorithm 2): Adam moments with bias correction,
+    r = m^/(sqrt(v^)+eps) + wd*w, trust ratio ||w||/||r||, as NVIDIA's FusedLAMB applies it."""
     state = {}
     for gw, gb in zip(grads_w, grads_b):
         for name, x, g, wd in (("w", w, gw, WD), ("b", b, gb, 0.0)):
@@ -170,8 +171,9 @@ def lamb(w, b, grads_w, grads_b):
             mh = m / (1 - BETAS[0] ** t)
             vh = v / (1 - BETAS[1] ** t)
             r = mh / (vh.sqrt() + OPT_EPS) + wd * x
+            # apex FusedLAMB with use_nvlamb=False: no trust ratio where there is no decay.
             wn, rn = float(x.norm()), float(r.norm())
-            ratio = wn / rn if wn > 0 and rn > 0 else 1.0
+            ratio = wn / rn if wd != 0 and wn > 0 and rn > 0 else 1.0
             x -= LR * ratio * r
             state[name] = (m, v, t)
     return w, b

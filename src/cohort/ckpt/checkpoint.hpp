@@ -3,7 +3,8 @@
 // RUN_DIR/checkpoints/step-N/ holds:
 //   model.safetensors  parameters and buffers, by module name
 //   optimizer.pt       optimizer state (libtorch archive)
-//   rng.safetensors    every rank's CPU generator state ("rank.R")
+//   rng.safetensors    every rank's CPU generator state ("rank.R"), and the
+//                      fp16 loss scaler's state ("loss_scaler") when enabled
 //   config.toml        the resolved config of the run that wrote it
 //   state.json         format version, step, cursor, world size, and the
 //                      sha256 of every other file; written last

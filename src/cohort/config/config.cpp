@@ -108,7 +108,7 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("optim.schedule", c.optim.schedule, "constant | linear | cosine | poly (after warmup)");
   bind("optim.poly-power", c.optim.poly_power, "poly schedule exponent: lr = min + (peak - min) * (1 - progress)^power");
   bind("optim.warmup-ratio", c.optim.warmup_ratio, "fraction of total steps with linear warmup from 0");
-  bind("optim.min-lr-ratio", c.optim.min_lr_ratio, "final lr as a fraction of optim.lr (linear, cosine)");
+  bind("optim.min-lr-ratio", c.optim.min_lr_ratio, "final lr as a fraction of optim.lr (linear, cosine, poly)");
   bind("optim.clip-norm", c.optim.clip_norm, "clip the global gradient norm to this; 0 disables");
 
   bind("eval.every-steps", c.eval.every_steps, "evaluate every N steps; 0 = at the end of each epoch");

@@ -546,6 +546,14 @@ struct BertShards::Impl {
       int32_t v = blk->input_ids[static_cast<size_t>(i)];
       if (v < 0 || v >= vocab) throw bad(kInputIds, i, l, v, detail::cat("a token id in [0, ", vocab, ")"));
     }
+    for (int64_t i = 0; i < n * l; ++i) {
+      int8_t v = blk->segment_ids[static_cast<size_t>(i)];
+      if (v != 0 && v != 1) throw bad(kSegmentIds, i, l, v, "0 (sentence A) or 1 (sentence B)");
+    }
+    for (int64_t r = 0; r < n; ++r) {
+      int8_t v = blk->next_sentence_labels[static_cast<size_t>(r)];
+      if (v != 0 && v != 1) throw bad(kNextSentence, r, 1, v, "0 or 1");
+    }
     for (int64_t r = 0; r < n; ++r) {
       bool padding = false;  // ids past the first 0 position are ignored
       for (int64_t i = r * p; i < (r + 1) * p; ++i) {
@@ -619,7 +627,7 @@ struct BertShards::Impl {
       bool padding = false;
       for (int64_t j = 0; j < p; ++j) {
         padding = padding || bp[j] == 0;
-        pos_p[i * p + j] = bp[j];
+        pos_p[i * p + j] = padding ? 0 : bp[j];  // past the trimmed width otherwise
         mlm_p[i * p + j] = padding ? -1 : bm[j];
       }
       nsl_p[i] = blk->next_sentence_labels[static_cast<size_t>(r)];

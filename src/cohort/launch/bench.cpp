@@ -102,7 +102,8 @@ std::string peer_command(const fs::path& run_dir, int ranks, const BenchOptions&
          config_value(cfg, "model.layers") + " --heads " + config_value(cfg, "model.heads") + " --intermediate " +
          config_value(cfg, "model.intermediate") + " --vocab " + vocab + " --seq " +
          std::to_string(manifest.at("max_seq_length").get<int64_t>()) + " --predictions " +
-         std::to_string(manifest.at("max_predictions").get<int64_t>()) + " --precision " + precision;
+         std::to_string(manifest.at("max_predictions").get<int64_t>()) + " --precision " + precision +
+         " --mlm masked";  // the same computation as Cohort's model
 }
 
 }  // namespace

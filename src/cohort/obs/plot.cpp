@@ -40,6 +40,9 @@ std::string plot_run(const std::string& run_dir, const std::string& output) {
             << j.value("tokens_per_s", 0.0) << '\n';
       ++train_lines;
     } else if (j.value("kind", "") == "eval") {
+      // One curve: the training's own eval split (the first one logged);
+      // `cohort eval` lines for other splits are left out.
+      if (!evals.empty() && j.value("split", "") != evals.front().value("split", "")) continue;
       for (auto& [k, v] : j.items())
         if (v.is_number_float() && k != "loss") eval_metrics.insert(k);
       evals.push_back(j);

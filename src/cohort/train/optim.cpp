@@ -90,9 +90,14 @@ torch::Tensor Lamb::step(LossClosure closure) {
       auto v_hat = st.exp_avg_sq() / (1 - std::pow(beta2, t));
       auto update = m_hat / (v_hat.sqrt() + o.eps());
       if (o.weight_decay() != 0) update.add_(p, o.weight_decay());
-      double w_norm = p.norm().item<double>();
-      double u_norm = update.norm().item<double>();
-      double ratio = (w_norm > 0 && u_norm > 0) ? w_norm / u_norm : 1.0;
+      // NVIDIA's FusedLAMB (use_nvlamb=False): parameters without weight
+      // decay (biases, LayerNorm) take the plain Adam update, ratio 1.
+      double ratio = 1.0;
+      if (o.weight_decay() != 0) {
+        double w_norm = p.norm().item<double>();
+        double u_norm = update.norm().item<double>();
+        if (w_norm > 0 && u_norm > 0) ratio = w_norm / u_norm;
+      }
       p.add_(update, -o.lr() * ratio);
     }
   }

@@ -42,7 +42,8 @@ void set_lr(torch::optim::Optimizer& opt, double lr);
 
 // LAMB (You et al. 2019, as in NVIDIA's BERT recipe): Adam moments with bias
 // correction, the update u = m^/(sqrt(v^)+eps) + wd*w, then a per-tensor
-// trust ratio ||w||/||u|| (1 when either norm is 0): w -= lr * ratio * u.
+// trust ratio ||w||/||u|| (1 when either norm is 0, and, as in NVIDIA's
+// FusedLAMB, for parameters without weight decay): w -= lr * ratio * u.
 // It reuses AdamW's options and per-parameter state, so checkpoints save and
 // load it the same way.
 class Lamb : public torch::optim::AdamW {

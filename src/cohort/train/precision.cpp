@@ -59,18 +59,24 @@ LossScaler::LossScaler(bool enabled, double init_scale, double growth, double ba
       backoff_(backoff),
       growth_interval_(growth_interval) {}
 
+bool grads_finite(torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> maxima;
+  for (auto& p : module.parameters()) {
+    if (p.grad().defined()) maxima.push_back(p.grad().abs().max().to(torch::kFloat32));
+  }
+  return maxima.empty() || torch::stack(maxima).isfinite().all().item<bool>();
+}
+
 torch::Tensor LossScaler::scale(const torch::Tensor& loss) const { return enabled_ ? loss * scale_ : loss; }
 
 bool LossScaler::unscale_and_update(torch::nn::Module& module) {
   if (!enabled_) return true;
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> norms;
   for (auto& p : module.parameters()) {
-    if (!p.grad().defined()) continue;
-    p.mutable_grad().mul_(1.0 / scale_);
-    norms.push_back(p.grad().abs().max().to(torch::kFloat32));
+    if (p.grad().defined()) p.mutable_grad().mul_(1.0 / scale_);
   }
-  bool finite = norms.empty() || torch::stack(norms).isfinite().all().item<bool>();
+  bool finite = grads_finite(module);
   if (!finite) {
     scale_ *= backoff_;
     clean_steps_ = 0;
@@ -82,6 +88,19 @@ bool LossScaler::unscale_and_update(torch::nn::Module& module) {
     clean_steps_ = 0;
   }
   return true;
+}
+
+torch::Tensor LossScaler::state() const {
+  return torch::tensor({scale_, static_cast<double>(clean_steps_), static_cast<double>(skipped_)}, torch::kFloat64);
+}
+
+void LossScaler::restore(const torch::Tensor& state) {
+  COHORT_CHECK(state.numel() == 3, DataError, "a checkpoint's loss_scaler state has ", state.numel(),
+               " values, not 3");
+  auto s = state.to(torch::kFloat64);
+  scale_ = s[0].item<double>();
+  clean_steps_ = static_cast<int64_t>(s[1].item<double>());
+  skipped_ = static_cast<int64_t>(s[2].item<double>());
 }
 
 }  // namespace cohort

@@ -21,6 +21,9 @@ std::string resolve_precision(const std::string& requested, const c10::Device& d
 // True when /proc/cpuinfo lists avx512_bf16 or amx_bf16.
 bool cpu_has_bf16();
 
+// True when every gradient of `module` is finite.
+bool grads_finite(torch::nn::Module& module);
+
 // Autocast on for the scope's lifetime when precision is bf16 or fp16.
 class AutocastScope {
  public:
@@ -51,6 +54,9 @@ class LossScaler {
   // finite; updates the scale. The caller skips the optimizer step on false.
   bool unscale_and_update(torch::nn::Module& module);
   int64_t skipped() const { return skipped_; }
+  // [scale, clean steps, skipped] for checkpoints, and back.
+  torch::Tensor state() const;
+  void restore(const torch::Tensor& state);
 
  private:
   bool enabled_;

@@ -201,9 +201,20 @@ Trainer::Trainer(Config cfg, Comm& comm, RunOptions run) : s_(std::make_unique<S
   validate(s.cfg);
   s.runtime = setup_runtime(s.cfg.train, s.world);
   s.precision = resolve_precision(s.cfg.train.precision, s.world.device);
+  // "auto" follows each machine's CPU; mixed machines would train in mixed
+  // precisions, so bf16 only where every rank has it.
+  if (s.cfg.train.precision == "auto" && s.world.world_size > 1 && !s.world.device.is_cuda()) {
+    double with_bf16 = comm.all_reduce_sum(std::vector<double>{s.precision == "bf16" ? 1.0 : 0.0},
+                                           "precision check")[0];
+    if (with_bf16 < s.world.world_size) s.precision = "fp32";
+  }
   s.scaler = LossScaler(s.precision == "fp16");
 
   s.task = make_task(s.cfg, s.world);
+  // model.init: rank 0 reads the weights and the broadcast gives them to all.
+  if (!s.cfg.model.init.empty() && s.run.resume_dir.empty() && s.world.is_main()) {
+    load_model_weights(*s.task->module(), model_weights_file(s.cfg.model.init));
+  }
   broadcast_module(comm, *s.task->module());
   GradSyncOptions gs;
   gs.bucket_cap_bytes = static_cast<int64_t>(s.cfg.dist.bucket_cap_mb * (1 << 20));
@@ -221,11 +232,6 @@ Trainer::Trainer(Config cfg, Comm& comm, RunOptions run) : s_(std::make_unique<S
                                           s.cfg.data.drop_last, std::move(bucketing));
   s.total_steps = s.cfg.train.max_steps > 0 ? s.cfg.train.max_steps
                                              : s.cfg.train.epochs * s.order->steps_per_epoch();
-  // model.init: start from given weights (before the broadcast would be
-  // cleaner, but every rank reads the same file, so they agree).
-  if (!s.cfg.model.init.empty() && s.run.resume_dir.empty()) {
-    load_model_weights(*s.task->module(), model_weights_file(s.cfg.model.init));
-  }
   s.optimizer = make_optimizer(s.cfg.optim, *s.task->module());
   s.schedule = LrSchedule::from(s.cfg.optim, s.total_steps);
   s.interval = s.task->empty_tally();
@@ -271,6 +277,10 @@ Trainer::Trainer(Config cfg, Comm& comm, RunOptions run) : s_(std::make_unique<S
 void Trainer::State::resume(const std::string& dir) {
   CheckpointState st = Checkpoints::verify(dir);
   load_model_weights(*task->module(), (fs::path(dir) / "model.safetensors").string());
+  step = st.step;
+  cursor = st.cursor;
+  samples_seen = st.samples_seen;
+  if (run.eval_only) return;  // weights only: the run's checkpoints stay as they are
   torch::load(*optimizer, (fs::path(dir) / "optimizer.pt").string());
   if (st.world_size == world.world_size) {
     auto rng = load_safetensors((fs::path(dir) / "rng.safetensors").string());
@@ -279,10 +289,8 @@ void Trainer::State::resume(const std::string& dir) {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(it->second.to(torch::kUInt8));
+    if (auto ls = rng.tensors.find("loss_scaler"); ls != rng.tensors.end()) scaler.restore(ls->second);
   }
-  step = st.step;
-  cursor = st.cursor;
-  samples_seen = st.samples_seen;
   // Checkpoints newer than the one resumed belong to an abandoned future:
   // move them aside (never delete) so `latest` and pruning see this line.
   if (world.is_main()) {
@@ -323,6 +331,7 @@ void Trainer::State::save_checkpoint() {
   if (world.is_main()) {
     NamedTensors rng;
     for (size_t r = 0; r < states.size(); ++r) rng.emplace_back("rank." + std::to_string(r), states[r].to(torch::kUInt8));
+    if (scaler.enabled()) rng.emplace_back("loss_scaler", scaler.state());
     CheckpointState st;
     st.step = step;
     st.cursor = cursor;
@@ -430,11 +439,12 @@ double Trainer::State::train_step(const StepBatch& batch) {
   // This rank's share of the step's metrics; ranks sum their interval
   // tallies at the next log line, not every step.
   double loss = metric(task->report(step_tally), "loss");
-  // fp16: an overflow skips the step and lowers the loss scale. Otherwise a
-  // non-finite loss is fatal: training has diverged.
+  // The gradients are all-reduced, so every rank sees the same ones and takes
+  // the same decision. fp16: an overflow skips the step and lowers the loss
+  // scale. Otherwise a non-finite gradient is fatal: training has diverged.
   if (scaler.unscale_and_update(module)) {
-    COHORT_CHECK(std::isfinite(loss), Error, "step ", step, ": training loss is ", loss,
-                 "; lower optim.lr or enable optim.clip-norm");
+    COHORT_CHECK(scaler.enabled() || grads_finite(module), Error, "step ", step,
+                 ": non-finite gradients (this rank's loss ", loss, "); lower optim.lr or enable optim.clip-norm");
     // Gradients are already all-reduced, so this norm is the global one.
     if (cfg.optim.clip_norm > 0) torch::nn::utils::clip_grad_norm_(module.parameters(), cfg.optim.clip_norm);
     set_lr(*optimizer, schedule.at(step));
@@ -571,6 +581,7 @@ RunSummary Trainer::run() {
 
 RunSummary Trainer::evaluate() {
   State& s = *s_;
+  for (const auto& note : s.run.notes) s.say("cohort: %s\n", note.c_str());
   s.start = Clock::now();
   s.start_step = s.step;
   s.run_eval();
