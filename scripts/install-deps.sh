@@ -5,7 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   # toolchain
-  g++ cmake make pkg-config
+  gcc g++ cmake make pkg-config
   # tensors, autograd, c10d (Gloo); the Gloo headers c10d includes
   libtorch-dev libgloo-dev
   # a real BLAS under libtorch: without it matmul runs ~20x slower

@@ -95,6 +95,9 @@ int main(int argc, char** argv) {
   bench->add_option("--threads-per-rank", bench_opts.threads_per_rank, "intra-op threads per rank")
       ->capture_default_str();
   bench->add_option("--peer", bench_opts.peer, "also run PyTorch DDP on the same model and batch: pytorch");
+  bench->add_option("--hosts", bench_opts.hosts, "also run each rank count on N network-namespace hosts (root)")
+      ->capture_default_str();
+  bench->add_option("--netem", bench_opts.netem, "tc netem options for each host's link, e.g. 'delay 1ms rate 1gbit'");
   bench->add_option("--out", bench_opts.out_dir, "keep the runs here (default: a temp dir, removed)");
   bench->add_option("train-args", bench_train_args, "arguments for `cohort train` (--config, --model.*, ...)");
   bench->allow_extras(false);

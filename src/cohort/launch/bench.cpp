@@ -106,6 +106,64 @@ std::string peer_command(const fs::path& run_dir, int ranks, const BenchOptions&
          " --mlm masked";  // the same computation as Cohort's model
 }
 
+// N network namespaces joined by a bridge in a switch namespace of their own
+// (nothing touches the host's network), each with one address on 10.233.X.0/24.
+class NamespaceHosts {
+ public:
+  NamespaceHosts(int n, const std::string& netem) : tag_(std::to_string(getpid() % 100000)), n_(n) {
+    COHORT_CHECK(geteuid() == 0, UsageError, "--hosts needs root (it creates network namespaces)");
+    COHORT_CHECK(std::system("ip -V >/dev/null 2>&1") == 0, UsageError, "--hosts needs iproute2 ('ip')");
+    std::string sw = name(-1), cmd = "set -e; ip netns add " + sw + "; ip -n " + sw + " link add br0 type bridge; ip -n " +
+                                     sw + " link set br0 up";
+    for (int i = 0; i < n; ++i) {
+      std::string h = name(i), v = "cb" + tag_ + "h" + std::to_string(i), p = "cb" + tag_ + "s" + std::to_string(i);
+      cmd += "; ip netns add " + h + "; ip link add " + v + " type veth peer name " + p + "; ip link set " + v +
+             " netns " + h + "; ip link set " + p + " netns " + sw + "; ip -n " + sw + " link set " + p +
+             " master br0; ip -n " + sw + " link set " + p + " up; ip -n " + h + " addr add " + address(i) +
+             "/24 dev " + v + "; ip -n " + h + " link set " + v + " up; ip -n " + h + " link set lo up";
+      if (!netem.empty()) cmd += "; ip netns exec " + h + " tc qdisc add dev " + v + " root netem " + netem;
+    }
+    int rc = std::system(("bash -c " + quote(cmd) + " >/dev/null 2>&1").c_str());
+    if (rc != 0) cleanup();
+    COHORT_CHECK(rc == 0, Error, "cohort bench: could not create ", n, " network namespaces",
+                 netem.empty() ? "" : " (is --netem valid, and is sch_netem available?)");
+  }
+  ~NamespaceHosts() { cleanup(); }
+  std::string name(int host) const { return "cohortbench" + tag_ + (host < 0 ? "sw" : "h" + std::to_string(host)); }
+  std::string address(int host) const {
+    return "10.233." + std::to_string(std::stoi(tag_) % 250) + "." + std::to_string(host + 1);
+  }
+  int size() const { return n_; }
+
+ private:
+  void cleanup() {
+    std::string cmd;
+    for (int i = -1; i < n_; ++i) cmd += "ip netns del " + name(i) + " 2>/dev/null; ";
+    if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "cohort bench: warning: namespace clean-up failed\n");
+  }
+  std::string tag_;
+  int n_;
+};
+
+// One run of `hosts` launchers, `ranks` ranks each, meeting at host 0;
+// returns host 0's run directory.
+fs::path run_on_hosts(const NamespaceHosts& hosts, int ranks, const std::string& base_cmd, const fs::path& root) {
+  fs::path run = root / ("hosts-" + std::to_string(hosts.size()) + "x" + std::to_string(ranks));
+  std::string script = "pids=()\n";
+  for (int h = 0; h < hosts.size(); ++h) {
+    script += "ip netns exec " + hosts.name(h) + " " + base_cmd + " --nnodes " + std::to_string(hosts.size()) +
+              " --node-rank " + std::to_string(h) + " --nproc-per-node " + std::to_string(ranks) +
+              " --init-method tcp://" + hosts.address(0) + ":29650 --out " + quote((run / ("node-" + std::to_string(h))).string()) +
+              " >>" + quote((root / "bench.log").string()) + " 2>&1 &\npids+=($!)\n";
+  }
+  script += "rc=0\nfor p in \"${pids[@]}\"; do wait $p || rc=1; done\nexit $rc\n";
+  fs::path file = root / "hosts.sh";
+  std::ofstream(file) << script;
+  int rc = std::system(("bash " + quote(file.string())).c_str());
+  COHORT_CHECK(rc == 0, Error, "the ", hosts.size(), "-host benchmark run failed; see ", (root / "bench.log").string());
+  return run / "node-0";
+}
+
 }  // namespace
 
 int run_bench(const BenchOptions& o, const std::vector<std::string>& train_args) {
@@ -114,6 +172,7 @@ int run_bench(const BenchOptions& o, const std::vector<std::string>& train_args)
   COHORT_CHECK(o.per_rank_batch >= 1, UsageError, "--per-rank-batch must be >= 1 (got ", o.per_rank_batch, ")");
   COHORT_CHECK(o.steps >= 8, UsageError, "--steps must be >= 8 (got ", o.steps, ")");
   COHORT_CHECK(o.peer.empty() || o.peer == "pytorch", UsageError, "--peer must be pytorch (got '", o.peer, "')");
+  COHORT_CHECK(o.hosts >= 1, UsageError, "--hosts must be >= 1 (got ", o.hosts, ")");
 
   fs::path root = o.out_dir.empty() ? fs::temp_directory_path() / ("cohort-bench-" + std::to_string(getpid()))
                                     : fs::path(o.out_dir);
@@ -130,24 +189,22 @@ int run_bench(const BenchOptions& o, const std::vector<std::string>& train_args)
   std::printf("\n");
   std::fflush(stdout);
 
+  auto base_cmd = [&](int world) {
+    return quote(self) + " train" + extra + " --data.global-batch " + std::to_string(o.per_rank_batch * world) +
+           " --train.max-steps " + std::to_string(o.steps) + " --log.every-steps " +
+           std::to_string(std::max<int64_t>(1, o.steps / 6)) + " --eval.max-samples " +
+           std::to_string(std::max<int64_t>(world, 64)) + " --eval.every-steps 1000000000" + " --threads " +
+           std::to_string(o.threads_per_rank) + " --log.tensorboard=false --quiet --overwrite";
+  };
   double base = 0;
-  for (int r : o.ranks) {
-    fs::path run = root / ("ranks-" + std::to_string(r));
-    std::string cmd = quote(self) + " train" + extra + " --nproc-per-node " + std::to_string(r) +
-                      " --data.global-batch " + std::to_string(o.per_rank_batch * r) + " --train.max-steps " +
-                      std::to_string(o.steps) + " --log.every-steps " + std::to_string(std::max<int64_t>(1, o.steps / 6)) +
-                      " --eval.max-samples " + std::to_string(std::max<int64_t>(r, 64)) + " --eval.every-steps 1000000000" +
-                      " --threads " + std::to_string(o.threads_per_rank) + " --log.tensorboard=false --quiet --overwrite" +
-                      " --out " + quote(run.string()) + " >" + quote((root / "bench.log").string()) + " 2>&1";
-    int rc = std::system(cmd.c_str());
-    COHORT_CHECK(rc == 0, Error, "the ", r, "-rank benchmark run failed; see ", (root / "bench.log").string());
+  auto row = [&](int world, const fs::path& run, int ranks_per_host, const std::string& note) {
     Rate rate = read_rate(run / "metrics.jsonl");
-    if (base == 0) base = rate.units_per_s / r;
+    if (base == 0) base = rate.units_per_s / world;
     double speedup = rate.units_per_s / base;
-    std::printf("%6d %13lld %10.1f %12.0f %8.2f %11.3f", r, static_cast<long long>(o.per_rank_batch * r),
-                rate.step_ms, rate.units_per_s, speedup, speedup / r);
-    if (!o.peer.empty()) {
-      std::string peer_cmd = peer_command(run, r, o) + " 2>>" + quote((root / "bench.log").string());
+    std::printf("%6d %13lld %10.1f %12.0f %8.2f %11.3f", world, static_cast<long long>(o.per_rank_batch * world),
+                rate.step_ms, rate.units_per_s, speedup, speedup / world);
+    if (!o.peer.empty() && note.empty()) {
+      std::string peer_cmd = peer_command(run, ranks_per_host, o) + " 2>>" + quote((root / "bench.log").string());
       FILE* pipe = popen(peer_cmd.c_str(), "r");
       std::string out;
       char buf[512];
@@ -159,8 +216,25 @@ int run_bench(const BenchOptions& o, const std::vector<std::string>& train_args)
                                                        : peer["samples_per_s"].get<double>();
       std::printf(" %14.0f %8.2f", peer_rate, rate.units_per_s / peer_rate);
     }
-    std::printf("\n");
+    std::printf("%s\n", note.c_str());
     std::fflush(stdout);
+  };
+  for (int r : o.ranks) {
+    fs::path run = root / ("ranks-" + std::to_string(r));
+    std::string cmd = base_cmd(r) + " --nproc-per-node " + std::to_string(r) + " --out " + quote(run.string()) +
+                      " >" + quote((root / "bench.log").string()) + " 2>&1";
+    int rc = std::system(cmd.c_str());
+    COHORT_CHECK(rc == 0, Error, "the ", r, "-rank benchmark run failed; see ", (root / "bench.log").string());
+    row(r, run, r, "");
+  }
+  if (o.hosts > 1) {
+    NamespaceHosts hosts(o.hosts, o.netem);
+    for (int r : o.ranks) {
+      fs::path run = run_on_hosts(hosts, r, base_cmd(o.hosts * r), root);
+      row(o.hosts * r, run, r,
+          "   (" + std::to_string(o.hosts) + " namespace hosts x " + std::to_string(r) + " rank(s)" +
+              (o.netem.empty() ? "" : ", netem " + o.netem) + ")");
+    }
   }
   if (o.out_dir.empty()) fs::remove_all(root);
   return 0;
