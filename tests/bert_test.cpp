@@ -2,6 +2,7 @@
 // numbers come from tests/golden/make_golden.py (python3-torch), which writes
 // tests/golden/golden.safetensors; the script says how each was computed.
 #include <gtest/gtest.h>
+#include <torch/nn/utils/clip_grad.h>
 
 #include <cmath>
 #include <limits>
@@ -223,6 +224,24 @@ void check_optimizer(const std::string& name) {
 
 TEST(Optim, AdamWMatchesPyTorchOver20Steps) { check_optimizer("adamw"); }
 TEST(Optim, LambMatchesThePublishedFormulaOver20Steps) { check_optimizer("lamb"); }
+
+TEST(Optim, ClippingMatchesLibtorchsClipGradNorm) {
+  for (double max_norm : {0.5, 1e6}) {
+    TwoParams a, b;
+    for (auto* m : {&a, &b}) {
+      m->w.mutable_grad() = gold("optim.gw")[0].clone();
+      m->b.mutable_grad() = gold("optim.gb")[0].clone();
+    }
+    double norm = clip_gradients(a, max_norm);
+    double ref = torch::nn::utils::clip_grad_norm_(b.parameters(), max_norm);
+    EXPECT_NEAR(norm, ref, 1e-12);
+    EXPECT_LE(max_abs_diff(a.w.grad(), b.w.grad()), 1e-12) << max_norm;
+    EXPECT_LE(max_abs_diff(a.b.grad(), b.b.grad()), 1e-12) << max_norm;
+  }
+  TwoParams c;
+  c.w.mutable_grad() = torch::full_like(c.w, std::numeric_limits<double>::quiet_NaN());
+  EXPECT_TRUE(std::isnan(clip_gradients(c, 1.0)));
+}
 
 TEST(Optim, SchedulesMatchPyTorchSchedulers) {
   for (const std::string kind : {"constant", "linear", "cosine", "poly"}) {

@@ -7,6 +7,7 @@
 
 #include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/train/precision.hpp"
 
 namespace cohort {
 
@@ -102,6 +103,17 @@ torch::Tensor Lamb::step(LossClosure closure) {
     }
   }
   return loss;
+}
+
+double clip_gradients(torch::nn::Module& module, double max_norm) {
+  double norm = grad_norm(module);
+  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
+    torch::NoGradGuard no_grad;
+    for (auto& p : module.parameters()) {
+      if (p.grad().defined()) p.mutable_grad().mul_(max_norm / (norm + 1e-6));
+    }
+  }
+  return norm;
 }
 
 void set_lr(torch::optim::Optimizer& opt, double lr) {

@@ -40,6 +40,11 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimOptions& opts
 
 void set_lr(torch::optim::Optimizer& opt, double lr);
 
+// Scales every gradient of `module` by max_norm / (norm + 1e-6) when their
+// global L2 norm exceeds max_norm (as torch.nn.utils.clip_grad_norm_); 0
+// disables. Returns the norm before clipping (inf or NaN when a gradient is).
+double clip_gradients(torch::nn::Module& module, double max_norm);
+
 // LAMB (You et al. 2019, as in NVIDIA's BERT recipe): Adam moments with bias
 // correction, the update u = m^/(sqrt(v^)+eps) + wd*w, then a per-tensor
 // trust ratio ||w||/||u|| (1 when either norm is 0, and, as in NVIDIA's

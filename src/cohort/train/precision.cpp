@@ -2,6 +2,7 @@
 
 #include <ATen/autocast_mode.h>
 
+#include <cmath>
 #include <fstream>
 #include <string>
 
@@ -59,13 +60,13 @@ LossScaler::LossScaler(bool enabled, double init_scale, double growth, double ba
       backoff_(backoff),
       growth_interval_(growth_interval) {}
 
-bool grads_finite(torch::nn::Module& module) {
+double grad_norm(torch::nn::Module& module) {
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> maxima;
+  std::vector<torch::Tensor> norms;
   for (auto& p : module.parameters()) {
-    if (p.grad().defined()) maxima.push_back(p.grad().abs().max().to(torch::kFloat32));
+    if (p.grad().defined()) norms.push_back(p.grad().norm(2).to(torch::kFloat64));
   }
-  return maxima.empty() || torch::stack(maxima).isfinite().all().item<bool>();
+  return norms.empty() ? 0.0 : torch::stack(norms).norm(2).item<double>();
 }
 
 torch::Tensor LossScaler::scale(const torch::Tensor& loss) const { return enabled_ ? loss * scale_ : loss; }
@@ -76,7 +77,7 @@ bool LossScaler::unscale_and_update(torch::nn::Module& module) {
   for (auto& p : module.parameters()) {
     if (p.grad().defined()) p.mutable_grad().mul_(1.0 / scale_);
   }
-  bool finite = grads_finite(module);
+  bool finite = std::isfinite(grad_norm(module));
   if (!finite) {
     scale_ *= backoff_;
     clean_steps_ = 0;

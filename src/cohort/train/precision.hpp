@@ -21,8 +21,9 @@ std::string resolve_precision(const std::string& requested, const c10::Device& d
 // True when /proc/cpuinfo lists avx512_bf16 or amx_bf16.
 bool cpu_has_bf16();
 
-// True when every gradient of `module` is finite.
-bool grads_finite(torch::nn::Module& module);
+// The L2 norm of all of `module`'s gradients together: inf or NaN when any
+// gradient is. One reduction per tensor, no copies.
+double grad_norm(torch::nn::Module& module);
 
 // Autocast on for the scope's lifetime when precision is bf16 or fp16.
 class AutocastScope {

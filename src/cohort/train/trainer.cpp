@@ -1,6 +1,5 @@
 #include "cohort/train/trainer.hpp"
 
-#include <torch/nn/utils/clip_grad.h>
 
 #include <unistd.h>
 
@@ -282,14 +281,14 @@ void Trainer::State::resume(const std::string& dir) {
   samples_seen = st.samples_seen;
   if (run.eval_only) return;  // weights only: the run's checkpoints stay as they are
   torch::load(*optimizer, (fs::path(dir) / "optimizer.pt").string());
+  auto rng = load_safetensors((fs::path(dir) / "rng.safetensors").string());
+  if (auto ls = rng.tensors.find("loss_scaler"); ls != rng.tensors.end()) scaler.restore(ls->second);
   if (st.world_size == world.world_size) {
-    auto rng = load_safetensors((fs::path(dir) / "rng.safetensors").string());
     auto it = rng.tensors.find("rank." + std::to_string(world.rank));
     COHORT_CHECK(it != rng.tensors.end(), DataError, dir, "/rng.safetensors lacks rank.", world.rank);
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(it->second.to(torch::kUInt8));
-    if (auto ls = rng.tensors.find("loss_scaler"); ls != rng.tensors.end()) scaler.restore(ls->second);
   }
   // Checkpoints newer than the one resumed belong to an abandoned future:
   // move them aside (never delete) so `latest` and pruning see this line.
@@ -443,10 +442,10 @@ double Trainer::State::train_step(const StepBatch& batch) {
   // the same decision. fp16: an overflow skips the step and lowers the loss
   // scale. Otherwise a non-finite gradient is fatal: training has diverged.
   if (scaler.unscale_and_update(module)) {
-    COHORT_CHECK(scaler.enabled() || grads_finite(module), Error, "step ", step,
-                 ": non-finite gradients (this rank's loss ", loss, "); lower optim.lr or enable optim.clip-norm");
     // Gradients are already all-reduced, so this norm is the global one.
-    if (cfg.optim.clip_norm > 0) torch::nn::utils::clip_grad_norm_(module.parameters(), cfg.optim.clip_norm);
+    double norm = clip_gradients(module, cfg.optim.clip_norm);
+    COHORT_CHECK(std::isfinite(norm), Error, "step ", step, ": non-finite gradients (this rank's loss ", loss,
+                 "); lower optim.lr or enable optim.clip-norm");
     set_lr(*optimizer, schedule.at(step));
     optimizer->step();
   }
