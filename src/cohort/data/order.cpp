@@ -1,40 +1,17 @@
 #include "cohort/data/order.hpp"
 
 #include <algorithm>
-#include <random>
 
 #include "cohort/core/error.hpp"
+#include "cohort/core/random.hpp"
 
 namespace cohort {
-
-namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-// Uniform in [0, bound), without modulo bias.
-uint64_t bounded(std::mt19937_64& rng, uint64_t bound) {
-  uint64_t threshold = (0 - bound) % bound;
-  for (;;) {
-    uint64_t r = rng();
-    if (r >= threshold) return r % bound;
-  }
-}
-
-}  // namespace
 
 std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch) {
   std::vector<int64_t> perm(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) perm[i] = i;
-  std::mt19937_64 rng(splitmix64(seed ^ splitmix64(static_cast<uint64_t>(epoch) + 0x51ED)));
-  for (int64_t i = n - 1; i > 0; --i) {
-    int64_t j = static_cast<int64_t>(bounded(rng, static_cast<uint64_t>(i + 1)));
-    std::swap(perm[i], perm[j]);
-  }
+  Rng rng(splitmix64(seed ^ splitmix64(static_cast<uint64_t>(epoch) + 0x51ED)));
+  rng.shuffle(perm);
   return perm;
 }
 

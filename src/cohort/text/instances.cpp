@@ -14,25 +14,6 @@
 
 namespace cohort::text {
 
-uint64_t Rng::below(uint64_t n) {
-  // Reject the lowest 2^64 mod n values so every residue is equally likely.
-  const uint64_t threshold = (0 - n) % n;
-  uint64_t x = next();
-  while (x < threshold) x = next();
-  return x % n;
-}
-
-namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
-
 uint64_t stream_seed(uint64_t seed, uint64_t a, uint64_t b) {
   return splitmix64(splitmix64(splitmix64(seed) ^ a) ^ b);
 }

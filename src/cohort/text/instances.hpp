@@ -1,4 +1,4 @@
-// defines: Rng, stream_seed, parallel_for, assign_splits, TokenDocument,
+// defines: stream_seed, parallel_for, assign_splits, TokenDocument,
 //          tokenize_documents, MaskingVocab, InstanceOptions, Instance,
 //          num_to_predict, document_instances, make_instances, append_row
 //
@@ -18,7 +18,7 @@
 // comes from its own generator, seeded from (seed, r, d). Documents are
 // processed in parallel but results are collected in (round, document)
 // order, so the output depends on the seed and the input only, never on the
-// thread count. Rng's draws are defined here, not by the standard library's
+// thread count. Rng (core/random.hpp) defines its draws itself, not the standard library's
 // distributions, so they are the same on every platform.
 #pragma once
 
@@ -33,28 +33,11 @@
 #include "cohort/text/prepare.hpp"
 #include "cohort/text/wordpiece.hpp"
 
+#include "cohort/core/random.hpp"
+
 namespace cohort::text {
 
-// std::mt19937_64 with portable bounded draws.
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : engine_(seed) {}
-  uint64_t next() { return engine_(); }
-  // Uniform in [0, n), unbiased (rejection sampling). n >= 1.
-  uint64_t below(uint64_t n);
-  // Uniform in [lo, hi], both included. lo <= hi.
-  int64_t between(int64_t lo, int64_t hi) { return lo + static_cast<int64_t>(below(static_cast<uint64_t>(hi - lo) + 1)); }
-  // Uniform in [0, 1), 53 bits.
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
-  // Fisher-Yates.
-  template <class T>
-  void shuffle(std::vector<T>& v) {
-    for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[below(i)]);
-  }
-
- private:
-  std::mt19937_64 engine_;
-};
+using cohort::Rng;
 
 // A seed for one independent stream, mixed from (seed, a, b) with splitmix64.
 uint64_t stream_seed(uint64_t seed, uint64_t a, uint64_t b);
