@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <cstring>
 #include <filesystem>
 
@@ -207,5 +209,29 @@ TEST(Bench, PrintsTheScalingTable) {
   // speedup is printed to 2 decimals (±0.005), efficiency to 3 (±0.0005).
   EXPECT_NEAR(eff, speedup / 2, 0.0031);
   auto bad = run_cohort("bench --ranks 0");
+  EXPECT_EQ(bad.code, 2);
+}
+
+// --hosts: the same short run as two network-namespace "hosts" meeting over
+// tcp://, printed as an extra row that says so.
+TEST(Bench, NamespaceHostsRow) {
+  if (geteuid() != 0) GTEST_SKIP() << "SKIPPED: network namespaces need root";
+  if (std::system("ip -V >/dev/null 2>&1") != 0) GTEST_SKIP() << "SKIPPED: iproute2 ('ip') is not installed";
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 64);
+  auto r = run_cohort("bench --ranks 1 --hosts 2 --per-rank-batch 4 --steps 12 -- --model.name mlp --data.path " +
+                      tmp.path());
+  if (r.code != 0 && r.err.find("could not create") != std::string::npos) {
+    GTEST_SKIP() << "SKIPPED: cannot create network namespaces here";
+  }
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  auto lines = cohort::test::lines_of(r.out);
+  ASSERT_EQ(lines.size(), 4u) << r.out;
+  int ranks = 0, batch = 0;
+  ASSERT_EQ(sscanf(lines[3].c_str(), "%d %d", &ranks, &batch), 2) << lines[3];
+  EXPECT_EQ(ranks, 2);
+  EXPECT_EQ(batch, 8);
+  EXPECT_NE(lines[3].find("2 namespace hosts x 1 rank(s)"), std::string::npos) << lines[3];
+  auto bad = run_cohort("bench --hosts 0");
   EXPECT_EQ(bad.code, 2);
 }
