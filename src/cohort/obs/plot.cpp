@@ -60,7 +60,7 @@ std::string plot_run(const std::string& run_dir, const std::string& output) {
   std::ostringstream gp;
   gp << "set terminal pngcairo size 1400,900 font ',10'\nset output '" << png << "'\n"
      << "set multiplot layout 2,2 title 'cohort run: " << fs::path(run_dir).filename().string() << "'\n"
-     << "set grid\nset key top right\nset xlabel 'step'\n"
+     << "set termoption noenhanced\nset grid\nset key top right\nset xlabel 'step'\n"
      << "set title 'loss'\nplot '" << (work / "train.dat").string() << "' using 1:2 with lines title 'train'"
      << (evals.empty() ? "" : ", '" + (work / "eval.dat").string() + "' using 1:2 with linespoints title 'eval'")
      << "\nset title 'learning rate'\nplot '" << (work / "train.dat").string()
@@ -70,11 +70,15 @@ std::string plot_run(const std::string& run_dir, const std::string& output) {
   if (evals.empty() || eval_metrics.empty()) {
     gp << "set title 'evaluation'\nunset key\nplot NaN notitle\n";
   } else {
-    gp << "set title 'evaluation metrics'\nplot ";
+    // Accuracies (in [0,1]) on the right axis, losses on the left, so
+    // neither squashes the other.
+    gp << "set title 'evaluation metrics'\nset y2tics\nset ytics nomirror\nset y2label 'accuracy'\nplot ";
     int col = 3;
     for (const auto& m : eval_metrics) {
       if (col > 3) gp << ", ";
-      gp << "'" << (work / "eval.dat").string() << "' using 1:" << col << " with linespoints title '" << m << "'";
+      bool right = m.find("accuracy") != std::string::npos;
+      gp << "'" << (work / "eval.dat").string() << "' using 1:" << col << " axes " << (right ? "x1y2" : "x1y1")
+         << " with linespoints title '" << m << (right ? " (right)" : "") << "'";
       ++col;
     }
     gp << "\n";
