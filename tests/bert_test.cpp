@@ -186,6 +186,11 @@ TEST(LossScaler, SkipsOverflowingStepsAndAdaptsTheScale) {
   EXPECT_TRUE(scaler.unscale_and_update(m));
   EXPECT_TRUE(scaler.unscale_and_update(m));
   EXPECT_DOUBLE_EQ(scaler.scale(), 1024.0);  // grew after 2 clean steps
+  // Its state survives a checkpoint: a restored scaler continues identically.
+  LossScaler restored(true);
+  restored.restore(scaler.state());
+  EXPECT_DOUBLE_EQ(restored.scale(), scaler.scale());
+  EXPECT_EQ(restored.skipped(), scaler.skipped());
   LossScaler off(false);
   EXPECT_TRUE(off.unscale_and_update(m));
   EXPECT_DOUBLE_EQ(off.scale(torch::ones({})).item<double>(), 1.0);

@@ -210,6 +210,10 @@ TEST(Bench, PrintsTheScalingTable) {
   EXPECT_NEAR(eff, speedup / 2, 0.0031);
   auto bad = run_cohort("bench --ranks 0");
   EXPECT_EQ(bad.code, 2);
+  EXPECT_EQ(run_cohort("bench --hosts 0").code, 2);
+  EXPECT_EQ(run_cohort("bench --hosts 1 --netem 'delay 1ms'").code, 2);
+  auto inject = run_cohort("bench --hosts 2 --netem 'delay 1ms; touch /tmp/x'");
+  EXPECT_EQ(inject.code, 2) << inject.err;
 }
 
 // --hosts: the same short run as two network-namespace "hosts" meeting over
@@ -232,6 +236,4 @@ TEST(Bench, NamespaceHostsRow) {
   EXPECT_EQ(ranks, 2);
   EXPECT_EQ(batch, 8);
   EXPECT_NE(lines[3].find("2 namespace hosts x 1 rank(s)"), std::string::npos) << lines[3];
-  auto bad = run_cohort("bench --hosts 0");
-  EXPECT_EQ(bad.code, 2);
 }

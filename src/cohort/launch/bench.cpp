@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "cohort/build_info.hpp"
@@ -110,17 +111,30 @@ std::string peer_command(const fs::path& run_dir, int ranks, const BenchOptions&
 // (nothing touches the host's network), each with one address on 10.233.X.0/24.
 class NamespaceHosts {
  public:
-  NamespaceHosts(int n, const std::string& netem) : tag_(std::to_string(getpid() % 100000)), n_(n) {
+  NamespaceHosts(int n, const std::string& netem) : n_(n) {
     COHORT_CHECK(geteuid() == 0, UsageError, "--hosts needs root (it creates network namespaces)");
     COHORT_CHECK(std::system("ip -V >/dev/null 2>&1") == 0, UsageError, "--hosts needs iproute2 ('ip')");
+    // A tag of our own (pid and a random part), so clean-up only ever
+    // deletes what this run created; interface names stay under 15 bytes.
+    std::random_device rd;
+    uint32_t r = rd();
+    subnet_ = static_cast<int>(r % 250);
+    char tag[24];
+    std::snprintf(tag, sizeof tag, "%d%03x", static_cast<int>(getpid() % 10000000), r & 0xFFF);
+    tag_ = tag;
+    for (int i = -1; i < n; ++i) {
+      COHORT_CHECK(std::system(("ip netns pids " + name(i) + " >/dev/null 2>&1").c_str()) != 0, Error,
+                   "cohort bench: network namespace ", name(i), " already exists");
+    }
     std::string sw = name(-1), cmd = "set -e; ip netns add " + sw + "; ip -n " + sw + " link add br0 type bridge; ip -n " +
                                      sw + " link set br0 up";
     for (int i = 0; i < n; ++i) {
       std::string h = name(i), v = "cb" + tag_ + "h" + std::to_string(i), p = "cb" + tag_ + "s" + std::to_string(i);
-      cmd += "; ip netns add " + h + "; ip link add " + v + " type veth peer name " + p + "; ip link set " + v +
-             " netns " + h + "; ip link set " + p + " netns " + sw + "; ip -n " + sw + " link set " + p +
-             " master br0; ip -n " + sw + " link set " + p + " up; ip -n " + h + " addr add " + address(i) +
-             "/24 dev " + v + "; ip -n " + h + " link set " + v + " up; ip -n " + h + " link set lo up";
+      // Both ends are made inside our namespaces: nothing lands in the host's.
+      cmd += "; ip netns add " + h + "; ip -n " + h + " link add " + v + " type veth peer name " + p + " netns " + sw +
+             "; ip -n " + sw + " link set " + p + " master br0; ip -n " + sw + " link set " + p + " up; ip -n " + h +
+             " addr add " + address(i) + "/24 dev " + v + "; ip -n " + h + " link set " + v + " up; ip -n " + h +
+             " link set lo up";
       if (!netem.empty()) cmd += "; ip netns exec " + h + " tc qdisc add dev " + v + " root netem " + netem;
     }
     int rc = std::system(("bash -c " + quote(cmd) + " >/dev/null 2>&1").c_str());
@@ -131,7 +145,7 @@ class NamespaceHosts {
   ~NamespaceHosts() { cleanup(); }
   std::string name(int host) const { return "cohortbench" + tag_ + (host < 0 ? "sw" : "h" + std::to_string(host)); }
   std::string address(int host) const {
-    return "10.233." + std::to_string(std::stoi(tag_) % 250) + "." + std::to_string(host + 1);
+    return "10.233." + std::to_string(subnet_) + "." + std::to_string(host + 1);
   }
   int size() const { return n_; }
 
@@ -142,6 +156,7 @@ class NamespaceHosts {
     if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "cohort bench: warning: namespace clean-up failed\n");
   }
   std::string tag_;
+  int subnet_ = 0;
   int n_;
 };
 
@@ -149,14 +164,16 @@ class NamespaceHosts {
 // returns host 0's run directory.
 fs::path run_on_hosts(const NamespaceHosts& hosts, int ranks, const std::string& base_cmd, const fs::path& root) {
   fs::path run = root / ("hosts-" + std::to_string(hosts.size()) + "x" + std::to_string(ranks));
-  std::string script = "pids=()\n";
+  // The first launcher to fail stops the others (they would otherwise wait
+  // in rendezvous until dist.timeout); so does Ctrl-C.
+  std::string script = "pids=()\ntrap 'kill \"${pids[@]}\" 2>/dev/null' EXIT INT TERM\n";
   for (int h = 0; h < hosts.size(); ++h) {
     script += "ip netns exec " + hosts.name(h) + " " + base_cmd + " --nnodes " + std::to_string(hosts.size()) +
               " --node-rank " + std::to_string(h) + " --nproc-per-node " + std::to_string(ranks) +
               " --init-method tcp://" + hosts.address(0) + ":29650 --out " + quote((run / ("node-" + std::to_string(h))).string()) +
               " >>" + quote((root / "bench.log").string()) + " 2>&1 &\npids+=($!)\n";
   }
-  script += "rc=0\nfor p in \"${pids[@]}\"; do wait $p || rc=1; done\nexit $rc\n";
+  script += "rc=0\nfor _ in \"${pids[@]}\"; do wait -n || { rc=1; break; }; done\nexit $rc\n";
   fs::path file = root / "hosts.sh";
   std::ofstream(file) << script;
   int rc = std::system(("bash " + quote(file.string())).c_str());
@@ -173,6 +190,10 @@ int run_bench(const BenchOptions& o, const std::vector<std::string>& train_args)
   COHORT_CHECK(o.steps >= 8, UsageError, "--steps must be >= 8 (got ", o.steps, ")");
   COHORT_CHECK(o.peer.empty() || o.peer == "pytorch", UsageError, "--peer must be pytorch (got '", o.peer, "')");
   COHORT_CHECK(o.hosts >= 1, UsageError, "--hosts must be >= 1 (got ", o.hosts, ")");
+  COHORT_CHECK(o.netem.empty() || o.hosts > 1, UsageError, "--netem shapes the links between --hosts: add --hosts 2 or more");
+  COHORT_CHECK(o.netem.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ._%/-") ==
+                   std::string::npos,
+               UsageError, "--netem '", o.netem, "': only letters, digits, spaces and . _ % / - are allowed");
 
   fs::path root = o.out_dir.empty() ? fs::temp_directory_path() / ("cohort-bench-" + std::to_string(getpid()))
                                     : fs::path(o.out_dir);

@@ -58,9 +58,9 @@ std::string plot_run(const std::string& run_dir, const std::string& output) {
   eval.close();
 
   std::ostringstream gp;
-  gp << "set terminal pngcairo size 1400,900 font ',10'\nset output '" << png << "'\n"
+  gp << "set terminal pngcairo noenhanced size 1400,900 font ',10'\nset output '" << png << "'\n"
      << "set multiplot layout 2,2 title 'cohort run: " << fs::path(run_dir).filename().string() << "'\n"
-     << "set termoption noenhanced\nset grid\nset key top right\nset xlabel 'step'\n"
+     << "set grid\nset key top right\nset xlabel 'step'\n"
      << "set title 'loss'\nplot '" << (work / "train.dat").string() << "' using 1:2 with lines title 'train'"
      << (evals.empty() ? "" : ", '" + (work / "eval.dat").string() + "' using 1:2 with linespoints title 'eval'")
      << "\nset title 'learning rate'\nplot '" << (work / "train.dat").string()

@@ -202,10 +202,12 @@ Trainer::Trainer(Config cfg, Comm& comm, RunOptions run) : s_(std::make_unique<S
   s.precision = resolve_precision(s.cfg.train.precision, s.world.device);
   // "auto" follows each machine's CPU; mixed machines would train in mixed
   // precisions, so bf16 only where every rank has it.
-  if (s.cfg.train.precision == "auto" && s.world.world_size > 1 && !s.world.device.is_cuda()) {
+  // (Every multi-rank CPU job runs this collective, whatever its setting, so
+  // ranks started with different configs still meet the start-up check.)
+  if (s.world.world_size > 1 && !s.world.device.is_cuda()) {
     double with_bf16 = comm.all_reduce_sum(std::vector<double>{s.precision == "bf16" ? 1.0 : 0.0},
                                            "precision check")[0];
-    if (with_bf16 < s.world.world_size) s.precision = "fp32";
+    if (s.cfg.train.precision == "auto" && with_bf16 < s.world.world_size) s.precision = "fp32";
   }
   s.scaler = LossScaler(s.precision == "fp16");
 
