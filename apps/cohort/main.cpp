@@ -201,14 +201,12 @@ int main(int argc, char** argv) {
       std::vector<std::string> warnings;
       er.resume_dir = Checkpoints::resolve(eval_path, &warnings);
       for (auto& w : warnings) er.notes.push_back("warning: " + w);
-      auto ckpt = std::filesystem::absolute(er.resume_dir).lexically_normal();
-      if (!ckpt.has_filename()) ckpt = ckpt.parent_path();
-      er.out_dir = ckpt.parent_path().parent_path().string();
+      er.out_dir = Checkpoints::run_dir_of(er.resume_dir);
       CLI::App scratch;
       Config ecfg;
       ConfigBinding eb(scratch, ecfg);
       scratch.parse(std::vector<std::string>{});
-      eb.apply_file((ckpt / "config.toml").string());
+      eb.apply_file((std::filesystem::path(er.resume_dir) / "config.toml").string());
       ecfg.eval.split = eval_split;
       ecfg.eval.max_samples = eval_max_samples;
       validate(ecfg);
@@ -220,8 +218,8 @@ int main(int argc, char** argv) {
     if (exporter->parsed()) {
       if (export_out.empty()) {
         std::vector<std::string> ignored;
-        auto ckpt = std::filesystem::absolute(Checkpoints::resolve(export_path, &ignored)).lexically_normal();
-        export_out = (ckpt.parent_path().parent_path() / "export").string();
+        export_out = (std::filesystem::path(Checkpoints::run_dir_of(Checkpoints::resolve(export_path, &ignored))) /
+                      "export").string();
       }
       std::printf("cohort: wrote %s\n", export_model(export_path, export_out).c_str());
       return 0;
@@ -249,11 +247,7 @@ int main(int argc, char** argv) {
         run.resume_dir = Checkpoints::resolve(resume_path, &warnings);
         for (auto& w : warnings) run.notes.push_back("warning: " + w);
         saved_config = (std::filesystem::path(run.resume_dir) / "config.toml").string();
-        if (run.out_dir.empty()) {
-          auto ckpt = std::filesystem::absolute(run.resume_dir).lexically_normal();
-          if (!ckpt.has_filename()) ckpt = ckpt.parent_path();
-          run.out_dir = ckpt.parent_path().parent_path().string();
-        }
+        if (run.out_dir.empty()) run.out_dir = Checkpoints::run_dir_of(run.resume_dir);
       }
       COHORT_CHECK(!run.out_dir.empty(), UsageError, "--out RUN_DIR is required (or --resume RUN_DIR)");
       if (!config_path.empty()) binding.apply_file(config_path);

@@ -210,6 +210,23 @@ std::string model_weights_file(const std::string& path) {
   return (fs::path(Checkpoints::resolve(path, &ignored)) / "model.safetensors").string();
 }
 
+std::vector<std::pair<std::string, std::string>> read_config_file(const std::string& path) {
+  return read_config_values(read_all(path));
+}
+
+std::string config_value(const std::vector<std::pair<std::string, std::string>>& values, const std::string& key) {
+  for (const auto& [k, v] : values) {
+    if (k == key) return v.size() >= 2 && v.front() == '"' ? v.substr(1, v.size() - 2) : v;
+  }
+  throw DataError(detail::cat("config.toml has no key ", key));
+}
+
+std::string Checkpoints::run_dir_of(const std::string& checkpoint_dir) {
+  auto ckpt = fs::absolute(checkpoint_dir).lexically_normal();
+  if (!ckpt.has_filename()) ckpt = ckpt.parent_path();  // a trailing '/'
+  return ckpt.parent_path().parent_path().string();
+}
+
 std::vector<std::string> check_resume_config(const std::string& saved_toml, const std::string& current_toml) {
   // Keys that define what is trained and on which samples in which order.
   static const char* const kRefused[] = {"model.", "train.task", "train.seed", "data.path", "data.drop-last",

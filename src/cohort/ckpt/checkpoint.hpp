@@ -55,6 +55,9 @@ class Checkpoints {
   static std::string dir_name(int64_t step);
   // The step of a "step-N" directory name, or -1 for any other name.
   static int64_t step_of(const std::string& name);
+  // The run dir a checkpoint dir belongs to (RUN_DIR/checkpoints/step-N ->
+  // RUN_DIR), absolute.
+  static std::string run_dir_of(const std::string& checkpoint_dir);
 
  private:
   std::string root_;  // RUN_DIR/checkpoints
@@ -73,6 +76,11 @@ std::string model_weights_file(const std::string& path);
 
 // Reads a resolved config.toml into key -> literal value ("optim.lr" -> "0.001").
 std::vector<std::pair<std::string, std::string>> read_config_values(const std::string& toml_text);
+// read_config_values of a file. Throws DataError naming it when unreadable.
+std::vector<std::pair<std::string, std::string>> read_config_file(const std::string& path);
+// The value of `key` in such a list, a string's quotes removed. Throws
+// DataError naming the key when it is absent.
+std::string config_value(const std::vector<std::pair<std::string, std::string>>& values, const std::string& key);
 
 // Compares the config a checkpoint was written with to the one resuming it.
 // A change that breaks the resume (model shape, task, data, seed, order) is a

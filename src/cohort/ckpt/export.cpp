@@ -2,7 +2,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/core/error.hpp"
@@ -12,21 +11,6 @@ namespace cohort {
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p);
-  COHORT_CHECK(in, DataError, "cannot read ", p.string());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string value_of(const std::vector<std::pair<std::string, std::string>>& values, const std::string& key) {
-  for (const auto& [k, v] : values) {
-    if (k == key) return v.size() >= 2 && v.front() == '"' ? v.substr(1, v.size() - 2) : v;
-  }
-  return "";
-}
 
 // Hugging Face's BertConfig; sizes come from the tensors themselves.
 nlohmann::json bert_config(const SafetensorsFile& f, const std::vector<std::pair<std::string, std::string>>& cfg) {
@@ -39,13 +23,13 @@ nlohmann::json bert_config(const SafetensorsFile& f, const std::vector<std::pair
       {"vocab_size", dim("bert.embeddings.word_embeddings.weight", 0)},
       {"hidden_size", dim("bert.embeddings.word_embeddings.weight", 1)},
       {"num_hidden_layers", layers},
-      {"num_attention_heads", std::stoll(value_of(cfg, "model.heads"))},
+      {"num_attention_heads", std::stoll(config_value(cfg, "model.heads"))},
       {"intermediate_size", dim("bert.encoder.layer.0.intermediate.dense.weight", 0)},
       {"max_position_embeddings", dim("bert.embeddings.position_embeddings.weight", 0)},
       {"type_vocab_size", dim("bert.embeddings.token_type_embeddings.weight", 0)},
       {"hidden_act", "gelu"},
-      {"hidden_dropout_prob", std::stod(value_of(cfg, "model.dropout"))},
-      {"attention_probs_dropout_prob", std::stod(value_of(cfg, "model.attention-dropout"))},
+      {"hidden_dropout_prob", std::stod(config_value(cfg, "model.dropout"))},
+      {"attention_probs_dropout_prob", std::stod(config_value(cfg, "model.attention-dropout"))},
       {"layer_norm_eps", 1e-12},
       {"initializer_range", 0.02},
       {"pad_token_id", 0},
@@ -61,17 +45,17 @@ std::string export_model(const std::string& path, const std::string& out_dir) {
   for (const auto& w : warnings) std::fprintf(stderr, "cohort: warning: %s\n", w.c_str());
   Checkpoints::verify(dir);
   SafetensorsFile f = load_safetensors((fs::path(dir) / "model.safetensors").string());
-  auto cfg = read_config_values(read_text(fs::path(dir) / "config.toml"));
+  auto cfg = read_config_file((fs::path(dir) / "config.toml").string());
 
   fs::create_directories(out_dir);
   NamedTensors tensors(f.tensors.begin(), f.tensors.end());
   auto out = fs::path(out_dir) / "model.safetensors";
   save_safetensors(out.string(), tensors, {{"format", "pt"}, {"source", fs::absolute(dir).string()}});
-  if (value_of(cfg, "model.name") == "bert") {
+  if (config_value(cfg, "model.name") == "bert") {
     std::ofstream json(fs::path(out_dir) / "config.json");
     json << bert_config(f, cfg).dump(2) << "\n";
     COHORT_CHECK(json, Error, "cannot write ", (fs::path(out_dir) / "config.json").string());
-    auto vocab = fs::path(value_of(cfg, "data.path")) / "vocab.txt";
+    auto vocab = fs::path(config_value(cfg, "data.path")) / "vocab.txt";
     if (fs::exists(vocab)) fs::copy_file(vocab, fs::path(out_dir) / "vocab.txt", fs::copy_options::overwrite_existing);
   }
   return out.string();

@@ -10,7 +10,6 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
-#include <sstream>
 
 #include "cohort/build_info.hpp"
 #include "cohort/ckpt/checkpoint.hpp"
@@ -69,21 +68,11 @@ std::string peer_script(const std::string& name) {
   throw UsageError("--peer pytorch: bench/peers/" + name + " not found next to this build");
 }
 
-std::string config_value(const std::vector<std::pair<std::string, std::string>>& values, const std::string& key) {
-  for (const auto& [k, v] : values) {
-    if (k == key) return v.size() >= 2 && v.front() == '"' ? v.substr(1, v.size() - 2) : v;
-  }
-  throw Error("cohort bench: the run's config.toml has no " + key);
-}
-
 // The PyTorch peer's command line for the model a Cohort run trained: its
 // resolved config.toml, and for BERT the data's manifest (sequence length,
 // predictions, vocabulary).
 std::string peer_command(const fs::path& run_dir, int ranks, const BenchOptions& o) {
-  std::ifstream in(run_dir / "config.toml");
-  std::stringstream text;
-  text << in.rdbuf();
-  auto cfg = read_config_values(text.str());
+  auto cfg = read_config_file((run_dir / "config.toml").string());
   std::string model = config_value(cfg, "model.name");
   std::string common = " --ranks " + std::to_string(ranks) + " --batch " + std::to_string(o.per_rank_batch) +
                        " --steps " + std::to_string(o.steps) + " --threads " + std::to_string(o.threads_per_rank) +
