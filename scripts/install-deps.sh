@@ -1,46 +1,97 @@
 #!/usr/bin/env bash
-# Installs everything Cohort needs on Debian 12. Idempotent: packages already
-# present are skipped, so a second run does no network work at all.
+# Installs everything Cohort needs on Debian 12, in three parts:
+#   1. Debian packages: toolchain, HDF5, CLI11, JSON, zlib, tests, real data;
+#   2. the Gloo headers that c10d's ProcessGroupGloo.hpp includes, taken from
+#      Debian's libgloo-dev package without installing it (its library is
+#      never installed or linked: libtorch carries its own Gloo);
+#   3. a Python virtual environment outside the repository with the pinned
+#      torch wheel (Cohort builds on the libtorch inside it) and the PyPI
+#      libraries the tests use as oracles (scripts/requirements.txt).
+# Idempotent: what is present is skipped, so a second run does no network work.
+#
+#   COHORT_VENV   where the environment lives (default /opt/cohort/venv); the
+#                 build reads the same variable.
 set -euo pipefail
 
+HERE="$(cd "$(dirname "$0")" && pwd)"
+VENV="${COHORT_VENV:-/opt/cohort/venv}"
+REQUIREMENTS="$HERE/requirements.txt"
+
 PACKAGES=(
-  # toolchain
-  gcc g++ cmake make pkg-config
-  # tensors, autograd, c10d (Gloo); the Gloo headers c10d includes
-  libtorch-dev libgloo-dev
-  # a real BLAS under libtorch: without it matmul runs ~20x slower
-  libopenblas0-openmp
+  # toolchain; python3-venv makes the environment for the torch wheel
+  gcc g++ cmake make pkg-config python3 python3-venv
   # formats: BERT shards, command line + TOML, JSON, gzip'd IDX
   libhdf5-dev libcli11-dev nlohmann-json3-dev zlib1g-dev
   # tests and micro-benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
-  # real data: an English corpus and Fashion-MNIST
-  dict-gcide dataset-fashion-mnist
-  # the PyTorch peer, for benchmarks and golden numbers only
-  python3-torch
+  # real data: an English corpus, Fashion-MNIST, WordNet glosses
+  dict-gcide dataset-fashion-mnist wordnet-base
   # `cohort plot`; network namespaces for the multi-host tests
   gnuplot-nox iproute2
 )
 
+need_root() {
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "install-deps: error: $1" >&2
+    echo "install-deps: run as root, or ask an admin to do it" >&2
+    exit 1
+  fi
+}
+
+# --- 1. Debian packages --------------------------------------------------------
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
     missing+=("$pkg")
   fi
 done
-
+apt_updated=0
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  echo "install-deps: all ${#PACKAGES[@]} Debian packages present"
+else
+  need_root "missing packages: ${missing[*]} (apt-get install ${missing[*]})"
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt_updated=1
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# --- 2. Gloo headers -------------------------------------------------------------
+# c10d's ProcessGroupGloo.hpp needs only declarations from Gloo: Cohort calls
+# ProcessGroupGloo (compiled inside libtorch) and never a Gloo function or
+# class of its own, so headers of an older Gloo are sound. tests/platform_test
+# checks that no libgloo is linked or loaded.
+GLOO_INCLUDE="$VENV/gloo/include"
+if [ -f "$GLOO_INCLUDE/gloo/config.h" ]; then
+  echo "install-deps: Gloo headers present in $GLOO_INCLUDE"
+else
+  need_root "the Gloo headers are missing from $GLOO_INCLUDE"
+  [ "$apt_updated" -eq 1 ] || apt-get update -q
+  tmp="$(mktemp -d)"
+  chmod 755 "$tmp"  # apt-get download runs as _apt
+  trap 'rm -rf "$tmp"' EXIT
+  (cd "$tmp" && apt-get download -q libgloo-dev)
+  dpkg-deb -x "$tmp"/libgloo-dev_*.deb "$tmp/root"
+  mkdir -p "$GLOO_INCLUDE"
+  cp -r "$tmp/root/usr/include/gloo" "$GLOO_INCLUDE/"
+  echo "install-deps: Gloo headers (libgloo-dev $(dpkg-deb -f "$tmp"/libgloo-dev_*.deb Version)) in $GLOO_INCLUDE"
+fi
+
+# --- 3. the Python environment: torch and the oracles ------------------------------
+# A stamp holds the requirements it was built from; when they match, nothing
+# (not even pip) runs.
+STAMP="$VENV/.cohort-requirements"
+if [ -x "$VENV/bin/python3" ] && [ -f "$STAMP" ] && cmp -s "$STAMP" "$REQUIREMENTS"; then
+  echo "install-deps: $VENV has $(grep -m1 '^torch==' "$REQUIREMENTS") and the test oracles"
   exit 0
 fi
-
-if [ "$(id -u)" -ne 0 ]; then
-  echo "install-deps: error: missing packages: ${missing[*]}" >&2
-  echo "install-deps: run as root, or ask an admin to: apt-get install ${missing[*]}" >&2
-  exit 1
+if [ ! -w "$(dirname "$VENV")" ] && [ ! -w "$VENV" ]; then
+  need_root "cannot write $VENV; set COHORT_VENV to a directory you own"
 fi
-
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -q
-apt-get install -y -q --no-install-recommends "${missing[@]}"
+echo "install-deps: installing $(grep -c '==' "$REQUIREMENTS") Python packages into $VENV (torch is about 2.7 GB)"
+mkdir -p "$VENV"
+[ -x "$VENV/bin/python3" ] || /usr/bin/python3 -m venv "$VENV"
+"$VENV/bin/python3" -m pip install --no-input --disable-pip-version-check -q -r "$REQUIREMENTS"
+cp "$REQUIREMENTS" "$STAMP"
+echo "install-deps: done: $("$VENV/bin/python3" -c 'import torch; print("torch", torch.__version__)')"

@@ -56,9 +56,6 @@ struct GradSync::Hook : torch::autograd::FunctionPostHook {
 GradSync::GradSync(Comm& comm, torch::nn::Module& module, GradSyncOptions opts) : comm_(comm), opts_(opts) {
   COHORT_CHECK(opts_.compression == "none" || opts_.compression == "bf16" || opts_.compression == "fp16",
                ConfigError, "dist.grad-compression must be one of none | bf16 | fp16 (got '", opts_.compression, "')");
-  // Gloo (CPU collectives) in libtorch 1.13 sums fp16 but not bf16.
-  COHORT_CHECK(opts_.compression != "bf16" || comm_.size() == 1 || !comm_.world().device.is_cpu(), ConfigError,
-               "dist.grad-compression bf16 is not supported by Gloo on CPU; use fp16 or none");
   COHORT_CHECK(opts_.bucket_cap_bytes > 0, ConfigError, "dist.bucket-cap-mb must be > 0");
   for (auto& p : module.parameters()) {
     if (p.requires_grad()) params_.push_back(p);

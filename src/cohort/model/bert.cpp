@@ -41,14 +41,15 @@ struct SelfAttentionImpl : nn::Module {
         value(register_module("value", nn::Linear(c.hidden, c.hidden))),
         dropout(register_module("dropout", nn::Dropout(c.attention_dropout))) {}
 
-  // x [B,L,H]; bias [B,1,1,L] additive mask.
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias) {
+  // x [B,L,H]; keep [B,1,1,L], true where a key is a real token. One fused
+  // scaled_dot_product_attention (libtorch picks the kernel), with the
+  // attention dropout only while training.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& keep) {
     auto b = x.size(0), l = x.size(1);
     auto split = [&](const torch::Tensor& t) { return t.view({b, l, heads, head_dim}).transpose(1, 2); };
     auto q = split(query(x)), k = split(key(x)), v = split(value(x));
-    auto scores = torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(head_dim));
-    auto probs = dropout(torch::softmax(scores + bias, -1));
-    auto ctx = torch::matmul(probs.to(v.scalar_type()), v);  // [B,A,L,D]
+    double p = is_training() ? dropout->options.p() : 0.0;
+    auto ctx = at::scaled_dot_product_attention(q, k, v, keep, p);  // [B,A,L,D]
     return ctx.transpose(1, 2).reshape({b, l, heads * head_dim});
   }
 
@@ -77,7 +78,7 @@ TORCH_MODULE(ResidualOut);
 struct AttentionImpl : nn::Module {
   AttentionImpl(const BertConfig& c)
       : self(register_module("self", SelfAttention(c))), output(register_module("output", ResidualOut(c, c.hidden))) {}
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias) { return output(self(x, bias), x); }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& keep) { return output(self(x, keep), x); }
   SelfAttention self;
   ResidualOut output;
 };
@@ -94,8 +95,8 @@ struct LayerImpl : nn::Module {
       : attention(register_module("attention", Attention(c))),
         intermediate(register_module("intermediate", Dense(c.hidden, c.intermediate))),
         output(register_module("output", ResidualOut(c, c.intermediate))) {}
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias) {
-    auto a = attention(x, bias);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& keep) {
+    auto a = attention(x, keep);
     return output(torch::gelu(intermediate->dense(a)), a);
   }
   Attention attention;
@@ -147,8 +148,8 @@ struct TransformImpl : nn::Module {  // HF's BertPredictionHeadTransform
       : dense(register_module("dense", nn::Linear(c.hidden, c.hidden))),
         LayerNorm(register_module("LayerNorm",
                                   nn::LayerNorm(nn::LayerNormOptions({c.hidden}).eps(c.layer_norm_eps)))) {}
-  // LayerNorm in fp32: under CPU autocast (libtorch 1.13) it does not cast a
-  // bf16 input to its fp32 weight's dtype by itself.
+  // LayerNorm in fp32, as CUDA autocast runs it; the explicit cast makes CPU
+  // autocast do the same.
   torch::Tensor forward(const torch::Tensor& x) { return LayerNorm(torch::gelu(dense(x)).to(torch::kFloat32)); }
   nn::Linear dense;
   nn::LayerNorm LayerNorm;
@@ -206,9 +207,9 @@ torch::Tensor BertForPretrainingImpl::encode(const torch::Tensor& input_ids, con
                                              const torch::Tensor& input_mask) {
   auto& bert = p_->bert;
   auto x = bert->embeddings(input_ids, segment_ids);
-  // 0 where attended, -10000 at padding, broadcast over heads and queries.
-  auto bias = ((1.0 - input_mask.to(torch::kFloat32)) * -10000.0).view({input_mask.size(0), 1, 1, input_mask.size(1)});
-  for (const auto& layer : *bert->encoder->layer) x = layer->as<LayerImpl>()->forward(x, bias);
+  // Padding keys are masked out for every head and query.
+  auto keep = input_mask.ne(0).view({input_mask.size(0), 1, 1, input_mask.size(1)});
+  for (const auto& layer : *bert->encoder->layer) x = layer->as<LayerImpl>()->forward(x, keep);
   return x;
 }
 

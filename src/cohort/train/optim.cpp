@@ -74,7 +74,7 @@ torch::Tensor Lamb::step(LossClosure closure) {
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       const auto& grad = p.grad();
-      auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
+      void* key = p.unsafeGetTensorImpl();
       auto it = state_.find(key);
       if (it == state_.end()) {
         auto st = std::make_unique<torch::optim::AdamWParamState>();

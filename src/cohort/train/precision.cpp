@@ -36,21 +36,19 @@ std::string resolve_precision(const std::string& requested, const c10::Device& d
 
 AutocastScope::AutocastScope(const std::string& precision, const c10::Device& device) {
   if (precision == "fp32") return;
-  if (device.is_cuda()) {
-    cuda_ = true;
-    at::autocast::set_enabled(true);
-    at::autocast::set_autocast_gpu_dtype(precision == "bf16" ? at::kBFloat16 : at::kHalf);
-  } else {
-    cpu_ = true;
-    at::autocast::set_cpu_enabled(true);
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-  }
+  device_ = device.is_cuda() ? at::kCUDA : at::kCPU;
+  was_enabled_ = at::autocast::is_autocast_enabled(device_);
+  was_dtype_ = at::autocast::get_autocast_dtype(device_);
+  at::autocast::set_autocast_enabled(device_, true);
+  at::autocast::set_autocast_dtype(device_, precision == "fp16" ? at::kHalf : at::kBFloat16);
+  active_ = true;
 }
 
 AutocastScope::~AutocastScope() {
-  if (cpu_) at::autocast::set_cpu_enabled(false);
-  if (cuda_) at::autocast::set_enabled(false);
-  if (cpu_ || cuda_) at::autocast::clear_cache();
+  if (!active_) return;
+  at::autocast::set_autocast_enabled(device_, was_enabled_);
+  at::autocast::set_autocast_dtype(device_, was_dtype_);
+  if (!was_enabled_) at::autocast::clear_cache();
 }
 
 LossScaler::LossScaler(bool enabled, double init_scale, double growth, double backoff, int64_t growth_interval)

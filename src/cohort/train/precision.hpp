@@ -15,7 +15,8 @@ namespace cohort {
 
 // train.precision -> "fp32" | "bf16" | "fp16". "auto" is fp16 on CUDA, bf16 on
 // a CPU with native bf16 (AVX512-BF16 or AMX), fp32 otherwise. Throws
-// ConfigError for fp16 on CPU (libtorch 1.13 has no fp16 CPU autocast).
+// ConfigError for fp16 on CPU (use bf16 there: fp16's range needs loss scaling,
+// and CPUs without AVX512-FP16 emulate it slowly).
 std::string resolve_precision(const std::string& requested, const c10::Device& device);
 
 // True when /proc/cpuinfo lists avx512_bf16 or amx_bf16.
@@ -34,8 +35,10 @@ class AutocastScope {
   AutocastScope& operator=(const AutocastScope&) = delete;
 
  private:
-  bool cpu_ = false;
-  bool cuda_ = false;
+  bool active_ = false;
+  c10::DeviceType device_ = c10::kCPU;
+  bool was_enabled_ = false;
+  c10::ScalarType was_dtype_ = c10::kBFloat16;
 };
 
 // Dynamic loss scaling (as torch.cuda.amp.GradScaler): the loss is multiplied
