@@ -183,6 +183,24 @@ std::vector<std::pair<std::string, std::string>> read_config_values(const std::s
   return out;
 }
 
+namespace {
+
+// Tensors a Hugging Face BERT file may hold beside Cohort's names: the MLM
+// decoder tied to the word embeddings and to cls.predictions.bias (present in
+// `cohort export`, and in state_dict()s saved with torch.save), and the
+// position-id buffer of older transformers. A tied copy must equal its source.
+struct TiedAlias {
+  const char* name;
+  const char* source;  // nullptr: ignored outright
+};
+constexpr TiedAlias kHuggingFaceAliases[] = {
+    {"cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"},
+    {"cls.predictions.decoder.bias", "cls.predictions.bias"},
+    {"bert.embeddings.position_ids", nullptr},
+};
+
+}  // namespace
+
 void load_model_weights(torch::nn::Module& module, const std::string& path) {
   auto weights = load_safetensors(path);
   torch::NoGradGuard no_grad;
@@ -198,6 +216,19 @@ void load_model_weights(torch::nn::Module& module, const std::string& path) {
   };
   for (auto& item : module.named_parameters()) load_into(item.key(), item.value());
   for (auto& item : module.named_buffers()) load_into(item.key(), item.value());
+  auto own = module.named_parameters();
+  for (const auto& alias : kHuggingFaceAliases) {
+    auto it = weights.tensors.find(alias.name);
+    if (it == weights.tensors.end() || own.contains(alias.name)) continue;
+    if (alias.source) {
+      auto src = weights.tensors.find(alias.source);
+      COHORT_CHECK(src != weights.tensors.end() && src->second.sizes() == it->second.sizes() &&
+                       torch::equal(src->second, it->second),
+                   ConfigError, path, ": tensor '", alias.name, "' differs from '", alias.source,
+                   "'; Cohort's BERT ties them, so an untied decoder cannot be loaded");
+    }
+    ++matched;
+  }
   COHORT_CHECK(matched == weights.tensors.size(), ConfigError, path, " has ", weights.tensors.size() - matched,
                " tensor(s) the model does not have: was a model.* key changed?");
 }

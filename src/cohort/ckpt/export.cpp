@@ -49,9 +49,16 @@ std::string export_model(const std::string& path, const std::string& out_dir) {
 
   fs::create_directories(out_dir);
   NamedTensors tensors(f.tensors.begin(), f.tensors.end());
+  bool bert = config_value(cfg, "model.name") == "bert";
+  if (bert) {
+    // BertForPreTraining's state_dict() also names the tied MLM decoder, so
+    // that load_state_dict(strict=True) finds every key it expects.
+    tensors.emplace_back("cls.predictions.decoder.weight", f.tensors.at("bert.embeddings.word_embeddings.weight"));
+    tensors.emplace_back("cls.predictions.decoder.bias", f.tensors.at("cls.predictions.bias"));
+  }
   auto out = fs::path(out_dir) / "model.safetensors";
   save_safetensors(out.string(), tensors, {{"format", "pt"}, {"source", fs::absolute(dir).string()}});
-  if (config_value(cfg, "model.name") == "bert") {
+  if (bert) {
     std::ofstream json(fs::path(out_dir) / "config.json");
     json << bert_config(f, cfg).dump(2) << "\n";
     COHORT_CHECK(json, Error, "cannot write ", (fs::path(out_dir) / "config.json").string());

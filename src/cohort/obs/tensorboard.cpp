@@ -7,6 +7,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "cohort/core/error.hpp"
 
 namespace cohort {
@@ -40,6 +42,30 @@ double now_seconds() {
 }
 
 }  // namespace
+
+namespace {
+
+void add_scalars(const std::string& prefix, const nlohmann::json& obj,
+                 std::vector<std::pair<std::string, double>>& out) {
+  for (const auto& [key, value] : obj.items()) {
+    if (value.is_number()) {
+      out.emplace_back(prefix + "/" + key, value.get<double>());
+    } else if (value.is_object()) {
+      add_scalars(prefix + "/" + key, value, out);
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, double>> tensorboard_scalars(const std::string& prefix,
+                                                                 const nlohmann::json& line) {
+  std::vector<std::pair<std::string, double>> out;
+  nlohmann::json values = line;
+  for (const char* where : {"step", "kind", "split"}) values.erase(where);
+  add_scalars(prefix, values, out);
+  return out;
+}
 
 uint32_t crc32c(const void* data, size_t size) {
   static const auto table = [] {

@@ -489,10 +489,7 @@ void Trainer::State::log_train(int64_t epoch) {
   line["phase_ms"] = phase_ms;
   line["slowest_rank"] = slowest;
   log.write(line);
-  std::vector<std::pair<std::string, double>> scalars = {{"train/lr", lr}, {"train/tokens_per_s", units_per_s},
-                                                         {"train/step_ms", worst[5].item<double>() * 1e3}};
-  for (const auto& [name, value] : metrics) scalars.emplace_back("train/" + name, value);
-  tensorboard.scalars(step, scalars);
+  tensorboard.scalars(step, tensorboard_scalars("train", line));
   phases.fill(0.0);
   interval_steps = 0;
   say("step %6lld/%lld  epoch %lld %s  lr %.2e  %.0f %s/s  eta %s\n", static_cast<long long>(step),
@@ -511,15 +508,13 @@ void Trainer::State::run_eval() {
   nlohmann::json line = {{"kind", "eval"}, {"step", step}, {"split", cfg.eval.split},
                          {"count", static_cast<int64_t>(tally.count(task->count_metric()))}};
   std::string text;
-  std::vector<std::pair<std::string, double>> scalars;
   auto metrics = task->report(tally);
   for (const auto& [name, value] : metrics) {
     line[name] = value;
     text += format_metric(name, value);
-    scalars.emplace_back(cfg.eval.split + "/" + name, value);
   }
   log.write(line);
-  tensorboard.scalars(step, scalars);
+  tensorboard.scalars(step, tensorboard_scalars(cfg.eval.split, line));
   say("eval  step %lld  %s:%s  (%lld %s, %s)\n", static_cast<long long>(step), cfg.eval.split.c_str(),
       text.c_str(), static_cast<long long>(tally.count(task->count_metric())), "samples",
       format_duration(seconds_since(t0)).c_str());

@@ -1,0 +1,114 @@
+// The C++ half of the oracle checks in tests/oracles/*.py: Cohort's own code
+// computes what the Python side compares against Hugging Face's libraries.
+//
+//   cohort_oracle_tool bert-logits MODEL_DIR DATA_DIR SPLIT ROWS OUT.safetensors
+//       loads MODEL_DIR (config.json + model.safetensors, as `cohort export`
+//       writes it) through load_model_weights, runs the first ROWS rows of
+//       DATA_DIR's SPLIT through the reader and BertForPretraining in eval
+//       mode (fp32), and writes the batch and both heads' logits
+//   cohort_oracle_tool gcide-lines GCIDE.dict.dz OUT.txt
+//       every sentence `cohort prepare` reads from GCIDE, one per line
+//   cohort_oracle_tool wordpiece VOCAB uncased|cased LINES.txt OUT.txt
+//       each line's WordPiece ids, space-separated, one line per input line
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <numeric>
+
+#include "cohort/ckpt/checkpoint.hpp"
+#include "cohort/ckpt/safetensors.hpp"
+#include "cohort/core/error.hpp"
+#include "cohort/data/bert_shards.hpp"
+#include "cohort/model/bert.hpp"
+#include "cohort/text/prepare.hpp"
+#include "cohort/text/wordpiece.hpp"
+
+namespace fs = std::filesystem;
+using namespace cohort;
+
+namespace {
+
+int bert_logits(const std::string& model_dir, const std::string& data_dir, const std::string& split, int64_t rows,
+                const std::string& out) {
+  std::ifstream in(fs::path(model_dir) / "config.json");
+  COHORT_CHECK(in, DataError, "no config.json in ", model_dir);
+  auto j = nlohmann::json::parse(in);
+  BertConfig c;
+  c.vocab_size = j.at("vocab_size");
+  c.hidden = j.at("hidden_size");
+  c.layers = j.at("num_hidden_layers");
+  c.heads = j.at("num_attention_heads");
+  c.intermediate = j.at("intermediate_size");
+  c.max_positions = j.at("max_position_embeddings");
+  c.type_vocab = j.at("type_vocab_size");
+  c.layer_norm_eps = j.at("layer_norm_eps");
+  BertForPretraining model(c);
+  load_model_weights(*model, (fs::path(model_dir) / "model.safetensors").string());
+  model->eval();
+
+  BertShards data(data_dir, split);
+  std::vector<int64_t> ids(static_cast<size_t>(std::min(rows, data.size())));
+  std::iota(ids.begin(), ids.end(), 0);
+  Example b = data.get_batch(ids);
+  torch::NoGradGuard no_grad;
+  auto o = model->forward({b.at("input_ids"), b.at("segment_ids"), b.at("input_mask"), b.at("masked_lm_positions"),
+                           b.at("masked_lm_ids")});
+  NamedTensors t;
+  for (const char* k : {"input_ids", "segment_ids", "input_mask", "masked_lm_positions", "masked_lm_ids",
+                        "next_sentence_labels"}) {
+    t.emplace_back(k, b.at(k).contiguous());
+  }
+  t.emplace_back("mlm_logits", o.mlm_logits.contiguous());
+  t.emplace_back("mlm_labels", o.mlm_labels.contiguous());
+  t.emplace_back("nsp_logits", o.nsp_logits.contiguous());
+  save_safetensors(out, t, {});
+  return 0;
+}
+
+int gcide_lines(const std::string& dict, const std::string& out) {
+  std::ofstream o(out);
+  int64_t n = 0;
+  for (const auto& doc : text::read_gcide_documents(dict)) {
+    for (const auto& sentence : doc) {
+      COHORT_CHECK(sentence.find('\n') == std::string::npos, Error, "a GCIDE sentence holds a newline");
+      o << sentence << '\n';
+      ++n;
+    }
+  }
+  COHORT_CHECK(o, Error, "cannot write ", out);
+  std::cerr << "gcide-lines: " << n << " sentences\n";
+  return 0;
+}
+
+int wordpiece(const std::string& vocab, const std::string& casing, const std::string& lines, const std::string& out) {
+  text::TokenizerOptions opts;
+  opts.lowercase = casing != "cased";
+  text::WordPiece wp(text::Vocab::load(vocab), opts);
+  std::ifstream in(lines);
+  COHORT_CHECK(in, DataError, "cannot read ", lines);
+  std::ofstream o(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto ids = wp.encode(line);
+    for (size_t i = 0; i < ids.size(); ++i) o << (i ? " " : "") << ids[i];
+    o << '\n';
+  }
+  COHORT_CHECK(o, Error, "cannot write ", out);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> a(argv + 1, argv + argc);
+  try {
+    if (a.size() == 6 && a[0] == "bert-logits") return bert_logits(a[1], a[2], a[3], std::stoll(a[4]), a[5]);
+    if (a.size() == 3 && a[0] == "gcide-lines") return gcide_lines(a[1], a[2]);
+    if (a.size() == 5 && a[0] == "wordpiece") return wordpiece(a[1], a[2], a[3], a[4]);
+  } catch (const std::exception& e) {
+    std::cerr << "cohort_oracle_tool: error: " << e.what() << "\n";
+    return 1;
+  }
+  std::cerr << "usage: see the comment at the top of tests/oracles/oracle_tool.cpp\n";
+  return 2;
+}
