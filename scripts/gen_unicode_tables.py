@@ -1,33 +1,36 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Generates src/cohort/text/unicode_tables.inc: the Unicode data the WordPiece
-tokenizer needs, taken from Python's own `unicodedata` and `str.lower`, so the
-C++ tokenizer agrees with BERT's reference tokenization.py run under the same
-Python.
+tokenizer needs, read off Hugging Face's `tokenizers` itself (BertNormalizer
+and BertPreTokenizer, what BertTokenizerFast runs), one code point at a time,
+so the C++ tokenizer gives the ids its users get from HF. Run it with the
+Python that holds the pinned tokenizers (scripts/requirements.txt):
 
-    /usr/bin/python3 scripts/gen_unicode_tables.py > src/cohort/text/unicode_tables.inc
+    /opt/cohort/venv/bin/python3 scripts/gen_unicode_tables.py > src/cohort/text/unicode_tables.inc
 
-Three range tables, sorted by code point, none overlapping:
+Where HF differs from Google BERT's tokenization.py, these tables follow HF:
+  - clean_text also drops private-use characters (Co), not only Cc and Cf;
+  - lowercasing is per character (Rust's char::to_lowercase): a final capital
+    sigma becomes U+03C3, not str.lower()'s final U+03C2;
+  - accents are stripped before lowercasing, and the CJK ranges are HF's.
+tests/oracles/tokenizers_*.py check the result against tokenizers on GCIDE.
+
+Two range tables, sorted by code point, none overlapping:
 
 kClassRanges  how the basic pass treats an input character:
-  kDrop   removed by _clean_text: U+0000, U+FFFD, categories Cc/Cf except \\t \\n \\r
-  kSpace  _is_whitespace (space, \\t \\n \\r, Zs) and whatever str.split() also
-          splits on once the rest is removed (U+2028, U+2029)
-  kPunct  _is_punctuation: ASCII 33-47, 58-64, 91-96, 123-126 and categories P*
-  kCjk    _is_chinese_char
+  kDrop   removed by clean_text (HF: U+0000, U+FFFD, Cc, Cf, Co but \\t \\n \\r)
+  kSpace  mapped to a space by clean_text, or split on by the pre-tokenizer
+  kPunct  split off as its own word by the pre-tokenizer
+  kCjk    spaced out by handle_chinese_chars
   (anything else: kOther)
 
-kFoldRanges   the uncased normalization of one code point: str.lower(), then NFD,
-  then drop category Mn (_run_strip_accents). Code points not listed map to
-  themselves; Hangul syllables (decomposed by rule in C++) are not listed.
+kFoldRanges   the uncased normalization of one code point: strip accents (NFD,
+  drop Mn), then lowercase. Code points not listed map to themselves; Hangul
+  syllables (decomposed by rule in C++) are not listed.
   kFoldDrop   -> nothing
   kFoldConst  every code point in the range -> arg
   kFoldDelta  cp -> cp + arg for cp = lo, lo+stride, ...; the code points
               between them map to themselves
   kFoldSeq    the single code point lo -> kFoldPool[arg : arg + stride]
-
-kSigmaRanges  what str.lower() needs for its Final_Sigma rule on U+03A3:
-  kSigmaCased (Cased and not Case_Ignorable) or kSigmaIgnorable
-  (Case_Ignorable). Derived by asking str.lower() itself, so it matches CPython.
 
 Known gap: NFD's canonical reordering is not modelled; it could only matter for
 two adjacent non-Mn combining characters of different classes (a few musical
@@ -35,48 +38,53 @@ symbols and viramas), which then keep their input order.
 """
 
 import sys
-import unicodedata as ud
+
+import tokenizers
+from tokenizers.normalizers import BertNormalizer
+from tokenizers.pre_tokenizers import BertPreTokenizer
 
 MAX = 0x110000
 
 OTHER, DROP, SPACE, PUNCT, CJK = 0, 1, 2, 3, 4
 CLASS_NAMES = {DROP: "kDrop", SPACE: "kSpace", PUNCT: "kPunct", CJK: "kCjk"}
 
-
-def is_cjk(cp):
-    return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF
-            or 0x2A700 <= cp <= 0x2B73F or 0x2B740 <= cp <= 0x2B81F or 0x2B820 <= cp <= 0x2CEAF
-            or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F)
+CLEAN = BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=False, lowercase=False)
+FOLD = BertNormalizer(clean_text=False, handle_chinese_chars=False, strip_accents=True, lowercase=True)
+PRE = BertPreTokenizer()
 
 
-def is_ascii_punct(cp):
-    return 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126
+def is_surrogate(cp):
+    return 0xD800 <= cp <= 0xDFFF  # never decoded from valid UTF-8
 
 
-def char_class(cp):
-    if 0xD800 <= cp <= 0xDFFF:
-        return OTHER  # never decoded from valid UTF-8
-    ch = chr(cp)
-    cat = ud.category(ch)
-    if ch in "\t\n\r ":
+def split_class(s):
+    """How the pre-tokenizer treats the text s between two letters."""
+    parts = [w for w, _ in PRE.pre_tokenize_str("a" + s + "a")]
+    if parts == ["a", "a"]:
         return SPACE
-    if cp == 0 or cp == 0xFFFD or cat in ("Cc", "Cf"):
-        return DROP
-    if cat == "Zs" or ch.isspace():
-        return SPACE
-    if is_cjk(cp):
-        return CJK
-    if is_ascii_punct(cp) or cat.startswith("P"):
+    if parts == ["a", s, "a"]:
         return PUNCT
+    assert parts == ["a" + s + "a"], (s, parts)
     return OTHER
 
 
-def strip_accents(s):
-    return "".join(c for c in ud.normalize("NFD", s) if ud.category(c) != "Mn")
+def char_class(cp):
+    if is_surrogate(cp):
+        return OTHER
+    ch = chr(cp)
+    clean = CLEAN.normalize_str(ch)
+    if clean == "":
+        return DROP
+    if clean == " ":
+        return SPACE
+    if clean == " " + ch + " ":
+        return CJK
+    assert clean == ch, hex(cp)
+    return split_class(ch)
 
 
 def fold(cp):
-    return strip_accents(chr(cp).lower())
+    return FOLD.normalize_str(chr(cp))
 
 
 def hangul_nfd(cp):
@@ -85,24 +93,6 @@ def hangul_nfd(cp):
     if s % 28:
         out.append(0x11A7 + s % 28)
     return out
-
-
-SIGMA_OTHER, SIGMA_CASED, SIGMA_IGNORABLE = 0, 1, 2
-SIGMA_NAMES = {SIGMA_CASED: "kSigmaCased", SIGMA_IGNORABLE: "kSigmaIgnorable"}
-
-
-def sigma_kind(cp):
-    if 0xD800 <= cp <= 0xDFFF:
-        return SIGMA_OTHER
-    c = chr(cp)
-    # Final_Sigma: cased case-ignorable* SIGMA !(case-ignorable* cased). The
-    # backward scan skips case-ignorables first, so a character both cased and
-    # case-ignorable acts as ignorable.
-    if (c + "\u03a3").lower()[-1] == "\u03c2":
-        return SIGMA_CASED
-    if ("A" + c + "\u03a3").lower()[-1] == "\u03c2":
-        return SIGMA_IGNORABLE
-    return SIGMA_OTHER
 
 
 def runs(values, skip):
@@ -184,11 +174,10 @@ def expand(ranges, pool):
 
 def main():
     classes = [char_class(cp) for cp in range(MAX)]
-    sigma = [sigma_kind(cp) for cp in range(MAX)]
 
     mapping = {}
     for cp in range(MAX):
-        if 0xD800 <= cp <= 0xDFFF:
+        if is_surrogate(cp):
             continue
         o = fold(cp)
         if 0xAC00 <= cp <= 0xD7A3:
@@ -203,7 +192,7 @@ def main():
         for x in o:
             assert classes[x] in (OTHER, PUNCT, SPACE, CJK), hex(cp)
             assert fold(x) == chr(x), hex(cp)  # idempotent
-            assert is_cjk(x) == is_cjk(cp), hex(cp)
+            assert (classes[x] == CJK) == (classes[cp] == CJK), hex(cp)
 
     ranges, pool = fold_ranges(mapping)
     assert max(r[3] for r in ranges) <= 4  # the C++ output buffer
@@ -212,16 +201,12 @@ def main():
         assert a[1] < b[0]
 
     w = sys.stdout.write
-    w("// Generated by scripts/gen_unicode_tables.py from Python %s unicodedata\n"
-      % sys.version.split()[0])
-    w("// (Unicode %s). Do not edit; rerun the script.\n\n" % ud.unidata_version)
+    w("// Generated by scripts/gen_unicode_tables.py from Hugging Face tokenizers %s.\n"
+      % tokenizers.__version__)
+    w("// Do not edit; rerun the script.\n\n")
     w("constexpr ClassRange kClassRanges[] = {\n")
     for lo, hi, v in runs(classes, OTHER):
         w("    {0x%04X, 0x%04X, %s},\n" % (lo, hi, CLASS_NAMES[v]))
-    w("};\n\n")
-    w("constexpr SigmaRange kSigmaRanges[] = {\n")
-    for lo, hi, v in runs(sigma, SIGMA_OTHER):
-        w("    {0x%04X, 0x%04X, %s},\n" % (lo, hi, SIGMA_NAMES[v]))
     w("};\n\n")
     w("constexpr FoldRange kFoldRanges[] = {\n")
     for lo, hi, kind, stride, arg in ranges:

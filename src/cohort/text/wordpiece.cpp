@@ -1,17 +1,17 @@
 // defines: Vocab, WordPiece, internal::basic_pass (declared in wordpiece.hpp and
 //          basic_pass.hpp)
 //
-// The reference is Google BERT's tokenization.py (BasicTokenizer and
-// WordpieceTokenizer) run under Python 3: its Unicode data comes from Python's
-// unicodedata and str.lower() through scripts/gen_unicode_tables.py. The
-// Python passes (clean text, space CJK characters, split on whitespace, lower
-// and strip accents per token, split punctuation) are fused here into one pass
-// over the code points; each Python pass works character by character, so the
-// fused pass gives the same words. The one contextual rule, str.lower()'s
-// final sigma, looks back through a running flag and ahead by scanning. One
-// known difference: NFD's canonical reordering is not modelled, which only
-// shows for two adjacent non-Mn combining characters out of canonical order
-// (some musical symbols and viramas); they keep their input order.
+// The reference is Hugging Face's BertTokenizerFast (tokenizers' BertNormalizer,
+// BertPreTokenizer and WordPiece), which is what users of BERT run; its
+// Unicode behaviour is read off tokenizers itself by
+// scripts/gen_unicode_tables.py. Where it differs from Google BERT's
+// tokenization.py, Cohort follows HF (README, "WordPiece"). HF's passes (clean
+// text, space CJK characters, strip accents, lowercase, split on whitespace
+// and punctuation) each work character by character, so they are fused here
+// into one pass over the code points. One known difference: NFD's canonical
+// reordering is not modelled, which only shows for two adjacent non-Mn
+// combining characters out of canonical order (some musical symbols and
+// viramas); they keep their input order.
 #include "cohort/text/wordpiece.hpp"
 
 #include <algorithm>
@@ -30,16 +30,11 @@ namespace cohort::text {
 namespace {
 
 enum CharClass : uint8_t { kOther = 0, kDrop, kSpace, kPunct, kCjk };
-enum SigmaKind : uint8_t { kSigmaOther = 0, kSigmaCased, kSigmaIgnorable };
 enum FoldKind : uint8_t { kFoldDrop, kFoldConst, kFoldDelta, kFoldSeq };
 
 struct ClassRange {
   uint32_t lo, hi;
   CharClass cls;
-};
-struct SigmaRange {
-  uint32_t lo, hi;
-  SigmaKind kind;
 };
 struct FoldRange {
   uint32_t lo, hi;
@@ -51,7 +46,6 @@ struct FoldRange {
 #include "cohort/text/unicode_tables.inc"
 
 constexpr uint32_t kBadByte = 0xFFFFFFFF;
-constexpr uint32_t kCapitalSigma = 0x03A3, kSmallSigma = 0x03C3, kFinalSigma = 0x03C2;
 
 // The range holding `cp`, or nullptr. Ranges are sorted and disjoint.
 template <class Range, size_t N>
@@ -68,12 +62,7 @@ CharClass class_slow(uint32_t cp) {
   return r ? r->cls : kOther;
 }
 
-SigmaKind sigma_slow(uint32_t cp) {
-  const SigmaRange* r = find_range(kSigmaRanges, cp);
-  return r ? r->kind : kSigmaOther;
-}
-
-// Uncased normalization of one code point: str.lower(), NFD, drop Mn. Writes
+// Uncased normalization of one code point: NFD, drop Mn, lowercase. Writes
 // 0..4 code points to out and returns how many.
 size_t fold_slow(uint32_t cp, uint32_t* out) {
   if (cp >= 0xAC00 && cp <= 0xD7A3) {  // Hangul syllable: NFD by rule, to jamo
@@ -108,7 +97,6 @@ size_t fold_slow(uint32_t cp, uint32_t* out) {
 // The same facts for ASCII, looked up without a search: the hot path.
 struct AsciiInfo {
   CharClass cls[128];
-  SigmaKind sigma[128];
   char lower[128];
 };
 
@@ -117,7 +105,6 @@ const AsciiInfo& ascii_info() {
     AsciiInfo a{};
     for (uint32_t c = 0; c < 128; ++c) {
       a.cls[c] = class_slow(c);
-      a.sigma[c] = sigma_slow(c);
       uint32_t out[4];
       size_t n = fold_slow(c, out);
       a.lower[c] = static_cast<char>(n == 1 ? out[0] : c);
@@ -128,7 +115,6 @@ const AsciiInfo& ascii_info() {
 }
 
 CharClass char_class(uint32_t cp, const AsciiInfo& a) { return cp < 128 ? a.cls[cp] : class_slow(cp); }
-SigmaKind sigma_kind(uint32_t cp, const AsciiInfo& a) { return cp < 128 ? a.sigma[cp] : sigma_slow(cp); }
 
 // Decodes the code point at s[i] and advances i. Invalid UTF-8 (overlong,
 // surrogate, above U+10FFFF, truncated) gives kBadByte after consuming the
@@ -190,20 +176,6 @@ void append_utf8(std::string& out, uint32_t cp) {
     out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
     out += static_cast<char>(0x80 | (cp & 0x3F));
   }
-}
-
-// str.lower()'s Final_Sigma, forward half: true when no cased character
-// follows the sigma at s[i..] within its whitespace-separated token, skipping
-// case-ignorable characters and what _clean_text removes.
-bool no_cased_after(const unsigned char* s, size_t n, size_t i, const AsciiInfo& a) {
-  while (i < n) {
-    uint32_t cp = next_code_point(s, n, i);
-    if (cp == kBadByte || char_class(cp, a) == kDrop) continue;
-    SigmaKind k = sigma_kind(cp, a);
-    if (k == kSigmaIgnorable) continue;
-    return k != kSigmaCased;  // whitespace and CJK end the token and are not cased
-  }
-  return true;
 }
 
 // The word being built, with its code point offsets.
@@ -309,9 +281,6 @@ void internal::basic_pass(std::string_view text, bool lowercase, WordSink& sink)
   const auto* s = reinterpret_cast<const unsigned char*>(text.data());
   const size_t n = text.size();
   WordBuilder word(sink);
-  // Final_Sigma, backward half: the last character of this whitespace token
-  // that is not case-ignorable was cased.
-  bool after_cased = false;
   uint32_t folded[4];
 
   for (size_t i = 0; i < n;) {
@@ -322,16 +291,13 @@ void internal::basic_pass(std::string_view text, bool lowercase, WordSink& sink)
           break;
         case kSpace:
           word.flush();
-          after_cased = false;
           break;
         case kPunct:
-          if (a.sigma[c] != kSigmaIgnorable) after_cased = false;
           word.flush();
           word.push_ascii(static_cast<char>(c));
           word.flush();
           break;
         default:
-          after_cased = a.sigma[c] == kSigmaCased;
           word.push_ascii(lowercase ? a.lower[c] : static_cast<char>(c));
           break;
       }
@@ -343,7 +309,6 @@ void internal::basic_pass(std::string_view text, bool lowercase, WordSink& sink)
     if (cls == kDrop) continue;
     if (cls == kSpace) {
       word.flush();
-      after_cased = false;
       continue;
     }
     if (!lowercase) {
@@ -354,20 +319,11 @@ void internal::basic_pass(std::string_view text, bool lowercase, WordSink& sink)
       }
       continue;
     }
-    size_t count;
-    if (cp == kCapitalSigma) {
-      folded[0] = after_cased && no_cased_after(s, n, i, a) ? kFinalSigma : kSmallSigma;
-      count = 1;
-    } else {
-      count = fold_slow(cp, folded);
-    }
-    SigmaKind kind = sigma_slow(cp);
-    if (kind != kSigmaIgnorable) after_cased = kind == kSigmaCased;
+    size_t count = fold_slow(cp, folded);
     if (cls == kCjk) {  // its own token; folds to one CJK character or stays
       word.flush();
       for (size_t k = 0; k < count; ++k) word.push(folded[k]);
       word.flush();
-      after_cased = false;
       continue;
     }
     // Punctuation is split after lowercasing and stripping: U+2260 (not equal
