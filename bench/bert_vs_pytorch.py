@@ -1,17 +1,23 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Single-rank BERT pretraining throughput: Cohort (C++) against PyTorch eager,
-same model, batch, optimizer and threads, run side by side and interleaved.
+same model shape, batches, optimizer and threads, run side by side and
+interleaved, on the torch of Cohort's environment.
 
-The default shape is bert-small as issue 6 fixes it: H=256, L=4, A=4, S=128,
-P=20, vocabulary 30522, batch 16. Both sides train on one synthetic
-full-length batch (every token real) with AdamW and global-norm clipping.
-The PyTorch peer (bench/peers/bert_pretrain.py) runs the MLM decoder as
-Hugging Face's BertForPreTraining does, over every position; the
-`pytorch-masked` column is the same peer with the decoder at masked positions
-only, Cohort's method, to separate that gain from the rest.
+The default shape is bert-mini: H=256, L=4, A=4, S=128, P=20, vocabulary
+30522, batch 16. Columns:
+  cohort       build/bench/bert_step_bench (Cohort's BERT, MLM at masked positions)
+  hf           transformers.BertForPreTraining as users run it (its loss from
+               labels, the MLM decoder over every position)
+  pt-masked    the same network in PyTorch eager with the decoder at masked
+               positions only, Cohort's method, to separate that gain
+All three: AdamW, global-norm clipping, dropout 0.1. Batches are synthetic and
+full length (every token real), or with --data DIR the same rows of DIR's
+train shards on every side, in file order, trimmed to each batch's longest
+row (vocabulary, length and predictions from the data). tokens/s counts real
+tokens.
 
-Usage: /usr/bin/python3 bench/bert_vs_pytorch.py [--build build] [--rounds 3]
-           [--threads 2] [--hidden 256 --layers 4 --heads 4 --seq 128 --batch 16]
+Usage: /opt/cohort/venv/bin/python3 bench/bert_vs_pytorch.py [--build build] [--rounds 3]
+           [--threads 2] [--hidden 256 --layers 4 --heads 4 --seq 128 --batch 16] [--data data/gcide]
 """
 import argparse
 import json
@@ -40,24 +46,33 @@ def main():
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--precisions", default="fp32,bf16")
+    ap.add_argument("--data", default="", help="shards from cohort prepare; default: synthetic batches")
     args = ap.parse_args()
     shape = ["--hidden", str(args.hidden), "--layers", str(args.layers), "--heads", str(args.heads),
-             "--seq", str(args.seq), "--batch", str(args.batch), "--steps", str(args.steps),
-             "--threads", str(args.threads)]
+             "--batch", str(args.batch), "--steps", str(args.steps), "--threads", str(args.threads)]
+    if args.data:
+        manifest = json.load(open(os.path.join(args.data, "manifest.json")))
+        args.seq = manifest["max_seq_length"]
+        shape += ["--data", args.data, "--vocab", str(manifest["vocab_size"]),
+                  "--predictions", str(manifest["max_predictions"])]
+    shape += ["--seq", str(args.seq)]
     cohort = [os.path.join(args.build, "bench", "bert_step_bench")] + shape
     peer = [sys.executable, os.path.join(ROOT, "bench", "peers", "bert_pretrain.py")] + shape
-    print("BERT H=%d L=%d A=%d S=%d batch %d, %d thread(s), median of %d interleaved rounds, tokens/s"
-          % (args.hidden, args.layers, args.heads, args.seq, args.batch, args.threads, args.rounds))
-    print("%-9s %10s %10s %16s %8s %16s" % ("precision", "cohort", "pytorch", "pytorch-masked", "ratio",
-                                            "ratio (masked)"))
+    import torch
+    print("BERT H=%d L=%d A=%d S=%d batch %d, %d thread(s), %s, torch %s, median of %d interleaved rounds, "
+          "real tokens/s" % (args.hidden, args.layers, args.heads, args.seq, args.batch, args.threads,
+                             "shards " + args.data if args.data else "synthetic full-length batches",
+                             torch.__version__, args.rounds))
+    print("%-9s %10s %10s %10s %10s %16s" % ("precision", "cohort", "hf", "pt-masked", "cohort/hf",
+                                             "cohort/pt-masked"))
     for precision in args.precisions.split(","):
         rates = {"cohort": [], "pytorch": [], "masked": []}
         for _ in range(args.rounds):
             rates["cohort"].append(run(cohort + ["--precision", precision]))
-            rates["pytorch"].append(run(peer + ["--precision", precision, "--mlm", "all"]))
-            rates["masked"].append(run(peer + ["--precision", precision, "--mlm", "masked"]))
+            rates["pytorch"].append(run(peer + ["--precision", precision, "--model", "hf"]))
+            rates["masked"].append(run(peer + ["--precision", precision, "--model", "mirror", "--mlm", "masked"]))
         c, p, m = (statistics.median(rates[k]) for k in ("cohort", "pytorch", "masked"))
-        print("%-9s %10.0f %10.0f %16.0f %8.2f %16.2f" % (precision, c, p, m, c / p, c / m))
+        print("%-9s %10.0f %10.0f %10.0f %10.2f %16.2f" % (precision, c, p, m, c / p, c / m))
         sys.stdout.flush()
 
 

@@ -1,10 +1,10 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Loader throughput beside the trainer's consumption, for bert-tiny and
 bert-small on the same shards: if the loader's samples/s is well above the
 trainer's, training never waits for data (the step-time breakdown's `data`
 phase confirms it).
 
-Usage: /usr/bin/python3 bench/loader_vs_trainer.py DATA_DIR [--build build] [--steps 40]
+Usage: /opt/cohort/venv/bin/python3 bench/loader_vs_trainer.py DATA_DIR [--build build] [--steps 40]
 """
 import argparse
 import json

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Weak scaling: 2 ranks x 1 thread against 1 rank x 1 thread, same per-rank
 batch, Cohort and PyTorch DDP side by side in one run.
 
@@ -39,7 +39,7 @@ def cohort_rate(args, ranks, run_dir):
 
 
 def peer_rate(args, ranks):
-    out = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "peers", "ddp_mlp.py"), "--ranks", str(ranks),
+    out = subprocess.run([sys.executable, os.path.join(HERE, "peers", "ddp_mlp.py"), "--ranks", str(ranks),
                           "--hidden", str(args.hidden), "--batch", str(args.batch), "--steps", str(args.steps)],
                          check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["samples_per_s"]

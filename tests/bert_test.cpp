@@ -1,5 +1,5 @@
 // The BERT model, optimizers and schedules against PyTorch. The reference
-// numbers come from tests/golden/make_golden.py (python3-torch), which writes
+// numbers come from tests/golden/make_golden.py (PyTorch, float64), which writes
 // tests/golden/golden.safetensors; the script says how each was computed.
 #include <gtest/gtest.h>
 #include <torch/nn/utils/clip_grad.h>

@@ -1,22 +1,34 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """PyTorch peer for Cohort's BERT benchmarks: BERT pretraining (MLM + NSP) in
-PyTorch eager, single process or DDP over gloo.
+PyTorch eager, single process or DDP over gloo, on the torch of Cohort's
+environment (run it with /opt/cohort/venv/bin/python3).
 
-The model is BERT as Hugging Face's BertForPreTraining computes it: the MLM
-decoder runs over every position (--mlm all, the default; what HetSeq and HF
-do) or only at the masked ones (--mlm masked, what Cohort does). Batches are
-synthetic, every row full length with P predictions, so every token is real.
-AdamW, one optimizer step per batch. Prints one JSON line:
-{"ranks": R, "step_ms": ..., "tokens_per_s": ..., "samples_per_s": ...}
+--model hf (the default) is Hugging Face's transformers.BertForPreTraining as
+users run it: its loss from labels, the MLM decoder over every position.
+--model mirror is the same network written out here, with --mlm masked
+running the decoder only at the masked positions, as Cohort does (--mlm all:
+every position, like HF).
+
+Batches: --data DIR reads rows of DIR/train/*.hdf5 (shards from `cohort
+prepare`, NVIDIA's layout) in order, rank r of R taking rows r*B.. of each
+block of R*B, trimmed to the longest row exactly as Cohort's reader trims,
+so bench/bert_vs_pytorch.py --data gives both sides the same batches.
+Without --data, batches are synthetic: every row full length with P
+predictions. AdamW, clipping, one optimizer step per batch. Prints one JSON
+line: {"ranks": R, "step_ms": ..., "tokens_per_s": ..., "samples_per_s": ...}
+where tokens are real (non-padding) tokens.
 
 Usage: bench/peers/bert_pretrain.py --hidden 256 --layers 4 --heads 4 --seq 128 \
-           --batch 16 --precision bf16 --threads 2 [--ranks 2]
+           --batch 16 --precision bf16 --threads 2 [--ranks 2] [--data DIR] [--model hf|mirror]
 """
 import argparse
+import glob
 import json
 import math
 import os
 import time
+
+import numpy as np
 
 import torch
 import torch.distributed as dist
@@ -65,6 +77,7 @@ class Bert(nn.Module):
                     t.zero_()
 
     def forward(self, ids, seg, mask, positions, labels, nsp_labels, masked_only):
+        labels = torch.where(labels >= 0, labels, -100)  # -1: no prediction (shards' padding)
         x = self.word(ids) + self.pos(torch.arange(ids.shape[1]))[None] + self.typ(seg)
         x = self.drop(self.ln(x))
         bias = ((1.0 - mask.float()) * -10000.0)[:, None, None, :]
@@ -79,7 +92,7 @@ class Bert(nn.Module):
             target = torch.full(ids.shape, -100, dtype=torch.long)
             target.scatter_(1, positions, labels)
             target = target.reshape(-1)
-        # LayerNorm in fp32: CPU autocast (torch 1.13) does not cast its input.
+        # LayerNorm in fp32, as Cohort and CUDA autocast run it.
         # The tied decoder as Hugging Face applies it (an nn.Linear sharing the
         # embedding's weight): F.linear, not `@ weight.t()`, whose backward
         # OpenBLAS runs ~15x slower here.
@@ -87,20 +100,7 @@ class Bert(nn.Module):
         return F.cross_entropy(logits.float(), target, ignore_index=-100) + F.cross_entropy(nsp.float(), nsp_labels)
 
 
-def worker(rank, args, out):
-    torch.set_num_threads(args.threads)
-    if args.ranks > 1:
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(args.port)
-        dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
-    torch.manual_seed(1)
-    model = Bert(args.vocab, args.hidden, args.layers, args.heads, args.intermediate or 4 * args.hidden, 512, 0.1)
-    if args.ranks > 1:
-        model = nn.parallel.DistributedDataParallel(model)
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=1e-4, eps=1e-6)
+def synthetic_batches(args, rank):
     g = torch.Generator().manual_seed(rank)
     b, s, p = args.batch, args.seq, args.predictions
     ids = torch.randint(5, args.vocab, (b, s), generator=g)
@@ -110,23 +110,99 @@ def worker(rank, args, out):
     positions = torch.stack([torch.randperm(s - 1, generator=g)[:p] + 1 for _ in range(b)]).sort(1).values
     labels = torch.randint(5, args.vocab, (b, p), generator=g)
     nsp_labels = torch.randint(0, 2, (b,), generator=g)
-    times = []
+    while True:
+        yield ids, seg, mask, positions, labels, nsp_labels
+
+
+def shard_batches(args, rank):
+    """Rows of DIR/train in order, this rank's slice of each block of
+    ranks * batch rows, trimmed as Cohort's BertShards::get_batch trims."""
+    import h5py
+    keys = ("input_ids", "segment_ids", "input_mask", "masked_lm_positions", "masked_lm_ids", "next_sentence_labels")
+    shards = sorted(glob.glob(os.path.join(args.data, "train", "*.hdf5")))
+    assert shards, "no shards in %s/train" % args.data
+    files = [h5py.File(p, "r") for p in shards]
+    sizes = [f["input_ids"].shape[0] for f in files]
+    starts = np.cumsum([0] + sizes)
+    total, b = int(starts[-1]), args.batch
+    block = 0
+    while True:
+        first = (block * args.ranks * b + rank * b) % (total - b)
+        block += 1
+        rows = {k: [] for k in keys}
+        for g in range(first, first + b):
+            s = int(np.searchsorted(starts, g, side="right") - 1)
+            for k in keys:
+                rows[k].append(np.asarray(files[s][k][g - starts[s]], dtype=np.int64))
+        d = {k: torch.from_numpy(np.stack(v)) for k, v in rows.items()}
+        pos, mid = d["masked_lm_positions"], d["masked_lm_ids"]
+        real = torch.cumprod((pos != 0).long(), 1).bool()  # NVIDIA: the first 0 ends the predictions
+        pos, mid = torch.where(real, pos, 0), torch.where(real, mid, -1)
+        width = int(max(d["input_mask"].sum(1).max(), (pos.max() + 1) if real.any() else 0))
+        yield (d["input_ids"][:, :width], d["segment_ids"][:, :width], d["input_mask"][:, :width], pos, mid,
+               d["next_sentence_labels"])
+
+
+def hf_model(args):
+    from transformers import BertConfig, BertForPreTraining
+    config = BertConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
+                        num_attention_heads=args.heads, intermediate_size=args.intermediate or 4 * args.hidden,
+                        max_position_embeddings=512, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    return BertForPreTraining(config)  # BERT's init: N(0, 0.02), zero biases, unit LayerNorm
+
+
+def hf_loss(model, ids, seg, mask, positions, labels, nsp_labels):
+    target = torch.full(ids.shape, -100, dtype=torch.long)
+    keep = labels >= 0
+    target[torch.arange(ids.shape[0])[:, None].expand_as(positions)[keep], positions[keep]] = labels[keep]
+    return model(input_ids=ids, token_type_ids=seg, attention_mask=mask, labels=target,
+                 next_sentence_label=nsp_labels).loss
+
+
+def worker(rank, args, out):
+    torch.set_num_threads(args.threads)
+    if args.ranks > 1:
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(args.port)
+        dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
+    torch.manual_seed(1)
+    if args.model == "hf":
+        model = hf_model(args)
+        step_loss = lambda m, batch: hf_loss(m, *batch)
+    else:
+        model = Bert(args.vocab, args.hidden, args.layers, args.heads, args.intermediate or 4 * args.hidden, 512, 0.1)
+        masked = args.mlm == "masked"
+        step_loss = lambda m, batch: m(*batch, masked)
+    model.train()
+    if args.ranks > 1:
+        model = nn.parallel.DistributedDataParallel(model)
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-4, eps=1e-6)
+    batches = shard_batches(args, rank) if args.data else synthetic_batches(args, rank)
+    times, tokens = [], []
     for _ in range(args.steps):
+        batch = next(batches)
         t0 = time.perf_counter()
         opt.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
-            loss = model(ids, seg, mask, positions, labels, nsp_labels, args.mlm == "masked")
+            loss = step_loss(model, batch)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         times.append(time.perf_counter() - t0)
+        tokens.append(int(batch[2].sum()))
     if args.ranks > 1:
         dist.barrier()
     if rank == 0:
-        steady = sorted(times[args.steps // 4:])
-        step_s = steady[len(steady) // 2]
-        out.put({"ranks": args.ranks, "step_ms": step_s * 1e3, "tokens_per_s": b * s * args.ranks / step_s,
-                 "samples_per_s": b * args.ranks / step_s})
+        # Steady state: drop the first quarter; the rate over what remains.
+        k = args.steps // 4
+        step_s = sorted(times[k:])[len(times[k:]) // 2]
+        rate = sum(tokens[k:]) / sum(times[k:]) * args.ranks
+        out.put({"ranks": args.ranks, "step_ms": step_s * 1e3, "tokens_per_s": rate,
+                 "samples_per_s": args.batch * args.ranks * len(times[k:]) / sum(times[k:]),
+                 "torch": torch.__version__, "model": args.model})
     if args.ranks > 1:
         dist.destroy_process_group()
 
@@ -145,7 +221,9 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
-    ap.add_argument("--mlm", choices=["all", "masked"], default="all")
+    ap.add_argument("--model", choices=["hf", "mirror"], default="hf")
+    ap.add_argument("--mlm", choices=["all", "masked"], default="all", help="--model mirror only")
+    ap.add_argument("--data", default="", help="shards from cohort prepare; default: synthetic batches")
     ap.add_argument("--port", type=int, default=29741)
     args = ap.parse_args()
     ctx = mp.get_context("spawn")

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """PyTorch DDP peer for Cohort's weak-scaling benchmark.
 
 Trains the same MLP as `cohort train --model.name mlp` (784 -> H -> H -> 10,

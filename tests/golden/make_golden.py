@@ -1,8 +1,8 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Writes tests/golden/golden.safetensors: reference numbers from PyTorch for
-tests/golden_test.cpp. Run with Debian's python3-torch:
+tests/golden_test.cpp. Run with the torch of Cohort's environment:
 
-    /usr/bin/python3 tests/golden/make_golden.py
+    /opt/cohort/venv/bin/python3 tests/golden/make_golden.py
 
 Contents (all float64 unless noted):
   bert.param.<hf name>    float32 weights of a tiny BERT (V=50, H=16, L=2, A=2, I=32)

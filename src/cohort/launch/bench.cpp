@@ -77,7 +77,8 @@ std::string peer_command(const fs::path& run_dir, int ranks, const BenchOptions&
   std::string common = " --ranks " + std::to_string(ranks) + " --batch " + std::to_string(o.per_rank_batch) +
                        " --steps " + std::to_string(o.steps) + " --threads " + std::to_string(o.threads_per_rank) +
                        " --hidden " + config_value(cfg, "model.hidden");
-  if (model == "mlp") return "/usr/bin/python3 " + quote(peer_script("ddp_mlp.py")) + common;
+  const std::string python = quote(COHORT_PYTHON) + " ";
+  if (model == "mlp") return python + quote(peer_script("ddp_mlp.py")) + common;
   COHORT_CHECK(model == "bert", UsageError, "--peer pytorch mirrors the mlp and bert models (this config has model.name ",
                model, ")");
   auto manifest_path = fs::path(config_value(cfg, "data.path")) / "manifest.json";
@@ -88,12 +89,13 @@ std::string peer_command(const fs::path& run_dir, int ranks, const BenchOptions&
   std::string vocab = config_value(cfg, "model.vocab-size");
   if (vocab == "0") vocab = std::to_string(manifest.at("vocab_size").get<int64_t>());
   std::string precision = resolve_precision(config_value(cfg, "train.precision"), c10::Device(torch::kCPU));
-  return "/usr/bin/python3 " + quote(peer_script("bert_pretrain.py")) + common + " --layers " +
+  return python + quote(peer_script("bert_pretrain.py")) + common + " --layers " +
          config_value(cfg, "model.layers") + " --heads " + config_value(cfg, "model.heads") + " --intermediate " +
          config_value(cfg, "model.intermediate") + " --vocab " + vocab + " --seq " +
          std::to_string(manifest.at("max_seq_length").get<int64_t>()) + " --predictions " +
          std::to_string(manifest.at("max_predictions").get<int64_t>()) + " --precision " + precision +
-         " --mlm masked";  // the same computation as Cohort's model
+         " --model mirror --mlm masked" +  // the same computation as Cohort's model
+         " --data " + quote(config_value(cfg, "data.path"));  // the same shards, trimmed the same way
 }
 
 // N network namespaces joined by a bridge in a switch namespace of their own
