@@ -47,7 +47,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimOptions& o, t
     groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
                                       torch::optim::AdamWOptions(base).weight_decay(0.0)));
     if (o.name == "lamb") return std::make_unique<Lamb>(std::move(groups), base);
-    return std::make_unique<torch::optim::AdamW>(std::move(groups), base);
+    return std::make_unique<FusedAdamW>(std::move(groups), base);
   }
   if (o.name == "sgd") {
     auto base = torch::optim::SGDOptions(o.lr).momentum(o.momentum);
@@ -59,6 +59,44 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimOptions& o, t
     return std::make_unique<torch::optim::SGD>(std::move(groups), base);
   }
   throw ConfigError(detail::cat("optim.name must be one of adamw | lamb | sgd (got '", o.name, "')"));
+}
+
+torch::Tensor FusedAdamW::step(LossClosure closure) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss;
+  if (closure) {
+    torch::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  for (auto& group : param_groups_) {
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    COHORT_CHECK(!o.amsgrad(), ConfigError, "FusedAdamW does not implement amsgrad");
+    std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      void* key = p.unsafeGetTensorImpl();
+      auto it = state_.find(key);
+      if (it == state_.end()) {
+        auto st = std::make_unique<torch::optim::AdamWParamState>();
+        st->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        st->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        it = state_.emplace(key, std::move(st)).first;
+      }
+      auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      st.step(st.step() + 1);
+      params.push_back(p);
+      grads.push_back(p.grad());
+      exp_avgs.push_back(st.exp_avg());
+      exp_avg_sqs.push_back(st.exp_avg_sq());
+      // The kernel reads the step count (already advanced) from a tensor.
+      steps.push_back(torch::full({}, static_cast<double>(st.step()), torch::TensorOptions().device(p.device())));
+    }
+    if (params.empty()) continue;
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, o.lr(),
+                      std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(),
+                      /*amsgrad=*/false, /*maximize=*/false);
+  }
+  return loss;
 }
 
 torch::Tensor Lamb::step(LossClosure closure) {

@@ -1,4 +1,4 @@
-// defines: LrSchedule, make_optimizer, set_lr
+// defines: LrSchedule, make_optimizer, set_lr, FusedAdamW, Lamb
 #pragma once
 
 #include <torch/nn/module.h>
@@ -51,6 +51,17 @@ double clip_gradients(torch::nn::Module& module, double max_norm);
 // FusedLAMB, for parameters without weight decay): w -= lr * ratio * u.
 // It reuses AdamW's options and per-parameter state, so checkpoints save and
 // load it the same way.
+// torch::optim::AdamW's update in one fused kernel per parameter group
+// (ATen's _fused_adamw_, what torch.optim.AdamW(fused=True) calls): one pass
+// over each tensor instead of about ten. Same options and per-parameter state
+// (AdamWParamState), so checkpoints are interchangeable with AdamW's.
+// bench/optimizer_bench measures it against AdamW.
+class FusedAdamW : public torch::optim::AdamW {
+ public:
+  using torch::optim::AdamW::AdamW;
+  torch::Tensor step(LossClosure closure = nullptr) override;
+};
+
 class Lamb : public torch::optim::AdamW {
  public:
   using torch::optim::AdamW::AdamW;
