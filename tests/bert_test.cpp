@@ -198,7 +198,7 @@ TEST(LossScaler, SkipsOverflowingStepsAndAdaptsTheScale) {
 
 TEST(Precision, AutoPicksWhatTheDeviceRuns) {
   c10::Device cpu(torch::kCPU);
-  EXPECT_EQ(resolve_precision("auto", cpu), cpu_has_bf16() ? "bf16" : "fp32");
+  EXPECT_EQ(resolve_precision("auto", cpu), cpu_has_amx_bf16() ? "bf16" : "fp32");
   EXPECT_EQ(resolve_precision("auto", c10::Device(torch::kCUDA, 0)), "fp16");
   EXPECT_EQ(resolve_precision("fp32", cpu), "fp32");
   EXPECT_THROW(resolve_precision("fp16", cpu), ConfigError);

@@ -88,7 +88,7 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("train.seed", c.train.seed, "seed for every RNG: init, data order, dropout");
   bind("train.device", c.train.device, "auto | cpu | cuda");
   bind("train.threads", c.train.threads, "intra-op threads per rank; 0 = free cores / local ranks", "--threads");
-  bind("train.precision", c.train.precision, "fp32 | bf16 | fp16 | auto: autocast dtype; master weights stay fp32. auto = bf16 where the CPU has it, fp16 with loss scaling on CUDA");
+  bind("train.precision", c.train.precision, "fp32 | bf16 | fp16 | auto: autocast dtype; master weights stay fp32. auto = bf16 on a CPU with AMX, else fp32; fp16 with loss scaling on CUDA");
 
   bind("data.path", c.data.path, "dataset directory");
   bind("data.global-batch", c.data.global_batch, "samples per optimizer step, summed over all ranks and micro-batches");

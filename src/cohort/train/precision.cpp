@@ -10,13 +10,13 @@
 
 namespace cohort {
 
-bool cpu_has_bf16() {
+bool cpu_has_amx_bf16() {
   static const bool has = [] {
     std::ifstream in("/proc/cpuinfo");
     std::string line;
     while (std::getline(in, line)) {
       if (line.rfind("flags", 0) != 0) continue;
-      return line.find(" avx512_bf16") != std::string::npos || line.find(" amx_bf16") != std::string::npos;
+      return line.find(" amx_bf16") != std::string::npos;
     }
     return false;
   }();
@@ -26,7 +26,7 @@ bool cpu_has_bf16() {
 std::string resolve_precision(const std::string& requested, const c10::Device& device) {
   if (requested == "auto") {
     if (device.is_cuda()) return "fp16";
-    return cpu_has_bf16() ? "bf16" : "fp32";
+    return cpu_has_amx_bf16() ? "bf16" : "fp32";
   }
   COHORT_CHECK(!(requested == "fp16" && device.is_cpu()), ConfigError,
                "train.precision fp16 needs a CUDA device (libtorch has no fp16 autocast on CPU); "
