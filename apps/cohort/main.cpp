@@ -88,8 +88,26 @@ int main(int argc, char** argv) {
                "Extra arguments after -- go to `cohort train`");
   BenchOptions bench_opts;
   std::vector<std::string> bench_train_args;
-  bench->add_option("--ranks", bench_opts.ranks, "rank counts to run, e.g. 1,2,4")->delimiter(',')
-      ->capture_default_str();
+  // One token, split here: a vector option would swallow a following "--".
+  bench->add_option_function<std::string>(
+           "--ranks",
+           [&bench_opts](const std::string& list) {
+             bench_opts.ranks.clear();
+             std::stringstream in(list);
+             for (std::string item; std::getline(in, item, ',');) {
+               size_t used = 0;
+               int n = 0;
+               try {
+                 n = std::stoi(item, &used);
+               } catch (const std::exception&) {
+                 used = 0;
+               }
+               if (used != item.size() || n < 1) throw CLI::ValidationError("--ranks", "'" + item + "' is not a rank count >= 1");
+               bench_opts.ranks.push_back(n);
+             }
+           },
+           "rank counts to run, e.g. 1,2,4")
+      ->default_str("1,2");
   bench->add_option("--per-rank-batch", bench_opts.per_rank_batch, "samples per rank per step")->capture_default_str();
   bench->add_option("--steps", bench_opts.steps, "optimizer steps per run")->capture_default_str();
   bench->add_option("--threads-per-rank", bench_opts.threads_per_rank, "intra-op threads per rank")
