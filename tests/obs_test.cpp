@@ -212,7 +212,7 @@ TEST(Bench, PrintsTheScalingTable) {
   EXPECT_EQ(bad.code, 2);
   EXPECT_EQ(run_cohort("bench --ranks 1,x").code, 2);
   // --ranks right before "--" (the list option must not swallow it).
-  auto last = run_cohort("bench --per-rank-batch 4 --steps 4 --ranks 1 -- --model.name mlp --data.path " + tmp.path());
+  auto last = run_cohort("bench --per-rank-batch 4 --steps 8 --ranks 1 -- --model.name mlp --data.path " + tmp.path());
   EXPECT_EQ(last.code, 0) << last.err;
   EXPECT_EQ(cohort::test::lines_of(last.out).size(), 3u) << last.out;
   EXPECT_EQ(run_cohort("bench --hosts 0").code, 2);
