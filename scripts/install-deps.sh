@@ -69,7 +69,8 @@ else
   need_root "the Gloo headers are missing from $GLOO_INCLUDE"
   [ "$apt_updated" -eq 1 ] || apt-get update -q
   tmp="$(mktemp -d)"
-  chmod 755 "$tmp"  # apt-get download runs as _apt
+  chmod 755 "$tmp"
+  chown _apt "$tmp" 2>/dev/null || true  # apt-get download writes as _apt
   trap 'rm -rf "$tmp"' EXIT
   (cd "$tmp" && apt-get download -q libgloo-dev)
   dpkg-deb -x "$tmp"/libgloo-dev_*.deb "$tmp/root"

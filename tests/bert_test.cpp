@@ -8,12 +8,14 @@
 #include <limits>
 #include <set>
 
+#include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/ckpt/safetensors.hpp"
 #include "cohort/config/config.hpp"
 #include "cohort/model/bert.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/train/optim.hpp"
 #include "cohort/train/precision.hpp"
+#include "helpers.hpp"
 
 namespace cohort {
 namespace {
@@ -56,6 +58,29 @@ TEST(Bert, ParameterNamesAreHuggingFaces) {
   }
   EXPECT_EQ(ours, theirs);
   EXPECT_TRUE(ours.count("bert.encoder.layer.1.attention.self.query.weight"));
+}
+
+// Hugging Face files name the tied MLM decoder too (cohort export writes it
+// for load_state_dict(strict=True)): model.init accepts it when it equals
+// the embeddings, and refuses an untied one by name.
+TEST(Bert, LoadsTiedDecoderKeysAndRefusesUntiedOnes) {
+  test::TempDir tmp;
+  BertForPretraining src(golden_config()), dst(golden_config());
+  NamedTensors tensors;
+  for (const auto& item : src->named_parameters()) tensors.emplace_back(item.key(), item.value().detach());
+  auto embeddings = src->named_parameters()["bert.embeddings.word_embeddings.weight"].detach();
+  auto bias = src->named_parameters()["cls.predictions.bias"].detach();
+  tensors.emplace_back("cls.predictions.decoder.bias", bias);
+  auto tied = tensors;
+  tied.emplace_back("cls.predictions.decoder.weight", embeddings);
+  save_safetensors(tmp / "tied.safetensors", tied, {});
+  load_model_weights(*dst, tmp / "tied.safetensors");
+  EXPECT_TRUE(torch::equal(dst->named_parameters()["bert.embeddings.word_embeddings.weight"], embeddings));
+  auto untied = tensors;
+  untied.emplace_back("cls.predictions.decoder.weight", embeddings + 1);
+  save_safetensors(tmp / "untied.safetensors", untied, {});
+  auto err = test::error_of([&] { load_model_weights(*dst, tmp / "untied.safetensors"); });
+  EXPECT_NE(err.find("cls.predictions.decoder.weight"), std::string::npos) << err;
 }
 
 TEST(Bert, ForwardLossesAndEveryGradientMatchPyTorch) {

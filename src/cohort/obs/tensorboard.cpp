@@ -41,10 +41,6 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-}  // namespace
-
-namespace {
-
 void add_scalars(const std::string& prefix, const nlohmann::json& obj,
                  std::vector<std::pair<std::string, double>>& out) {
   for (const auto& [key, value] : obj.items()) {
