@@ -59,31 +59,39 @@ fi
 
 # --- 2. Gloo headers -------------------------------------------------------------
 # c10d's ProcessGroupGloo.hpp needs only declarations from Gloo: Cohort calls
-# ProcessGroupGloo (compiled inside libtorch) and never a Gloo function or
-# class of its own, so headers of an older Gloo are sound. tests/platform_test
-# checks that no libgloo is linked or loaded.
+# ProcessGroupGloo (compiled inside libtorch) and never constructs a Gloo
+# class or c10d's GlooStore (whose virtuals follow the Gloo version), so these
+# headers of an older Gloo are sound. tests/platform_test.cpp checks that no
+# Gloo code is compiled in and no libgloo is linked or loaded.
+GLOO_DEB_VERSION="0.0~git20220518.5b14351-3"  # Debian 12's
 GLOO_INCLUDE="$VENV/gloo/include"
 if [ -f "$GLOO_INCLUDE/gloo/config.h" ]; then
   echo "install-deps: Gloo headers present in $GLOO_INCLUDE"
 else
-  need_root "the Gloo headers are missing from $GLOO_INCLUDE"
-  [ "$apt_updated" -eq 1 ] || apt-get update -q
   tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
   chmod 755 "$tmp"
   chown _apt "$tmp" 2>/dev/null || true  # apt-get download writes as _apt
-  trap 'rm -rf "$tmp"' EXIT
-  (cd "$tmp" && apt-get download -q libgloo-dev)
+  # apt-get download needs no root; refreshing the package lists does.
+  if ! (cd "$tmp" && apt-get download -q "libgloo-dev=$GLOO_DEB_VERSION" 2>/dev/null); then
+    need_root "cannot download libgloo-dev $GLOO_DEB_VERSION (apt-get update needs root)"
+    [ "$apt_updated" -eq 1 ] || apt-get update -q
+    (cd "$tmp" && apt-get download -q "libgloo-dev=$GLOO_DEB_VERSION")
+  fi
   dpkg-deb -x "$tmp"/libgloo-dev_*.deb "$tmp/root"
   mkdir -p "$GLOO_INCLUDE"
   cp -r "$tmp/root/usr/include/gloo" "$GLOO_INCLUDE/"
-  echo "install-deps: Gloo headers (libgloo-dev $(dpkg-deb -f "$tmp"/libgloo-dev_*.deb Version)) in $GLOO_INCLUDE"
+  echo "$GLOO_DEB_VERSION" > "$GLOO_INCLUDE/gloo/DEBIAN_VERSION"
+  echo "install-deps: Gloo headers (libgloo-dev $GLOO_DEB_VERSION) in $GLOO_INCLUDE"
 fi
 
 # --- 3. the Python environment: torch and the oracles ------------------------------
-# A stamp holds the requirements it was built from; when they match, nothing
-# (not even pip) runs.
+# requirements.txt names what Cohort uses; constraints.txt pins everything
+# they pull in (pip freeze of a working install). A stamp holds both; when it
+# matches, nothing (not even pip) runs.
+CONSTRAINTS="$HERE/constraints.txt"
 STAMP="$VENV/.cohort-requirements"
-if [ -x "$VENV/bin/python3" ] && [ -f "$STAMP" ] && cmp -s "$STAMP" "$REQUIREMENTS"; then
+if [ -x "$VENV/bin/python3" ] && [ -f "$STAMP" ] && cat "$REQUIREMENTS" "$CONSTRAINTS" | cmp -s "$STAMP" -; then
   echo "install-deps: $VENV has $(grep -m1 '^torch==' "$REQUIREMENTS") and the test oracles"
   exit 0
 fi
@@ -93,6 +101,6 @@ fi
 echo "install-deps: installing $(grep -c '==' "$REQUIREMENTS") Python packages into $VENV (torch is about 2.7 GB)"
 mkdir -p "$VENV"
 [ -x "$VENV/bin/python3" ] || /usr/bin/python3 -m venv "$VENV"
-"$VENV/bin/python3" -m pip install --no-input --disable-pip-version-check -q -r "$REQUIREMENTS"
-cp "$REQUIREMENTS" "$STAMP"
+"$VENV/bin/python3" -m pip install --no-input --disable-pip-version-check -q -r "$REQUIREMENTS" -c "$CONSTRAINTS"
+cat "$REQUIREMENTS" "$CONSTRAINTS" > "$STAMP"
 echo "install-deps: done: $("$VENV/bin/python3" -c 'import torch; print("torch", torch.__version__)')"

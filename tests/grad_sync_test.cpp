@@ -183,6 +183,23 @@ TEST_P(GradSyncCompression, IsCloseToTheExactSum) {
       EXPECT_EQ(compressed[k].scalar_type(), torch::kFloat32) << k;
       EXPECT_TRUE(torch::allclose(compressed[k], exact[k], /*rtol=*/1e-2, /*atol=*/1e-2)) << k;
     }
+    // Random floats are not exact in 16 bits: the sum really went over the
+    // wire in the narrow dtype.
+    torch::manual_seed(0);
+    torch::nn::Linear net(16, 8);
+    GradSync wire(*comm, *net, o);
+    auto x = torch::randn({4, 16}, torch::Generator(at::detail::createCPUGenerator(7 + rank)));
+    wire.prepare(true);
+    net->forward(x).pow(2).sum().backward();
+    wire.finalize();
+    auto narrow = net->weight.grad().clone();
+    net->weight.mutable_grad().zero_();
+    net->bias.mutable_grad().zero_();
+    wire.prepare(false);
+    net->forward(x).pow(2).sum().backward();
+    all_reduce_gradients(*comm, *net);
+    EXPECT_TRUE(torch::allclose(narrow, net->weight.grad(), 1e-2, 1e-2));
+    EXPECT_FALSE(torch::equal(narrow, net->weight.grad())) << "no rounding: was the gradient compressed?";
   });
 }
 

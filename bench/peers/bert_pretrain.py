@@ -193,13 +193,15 @@ def worker(rank, args, out):
         opt.step()
         times.append(time.perf_counter() - t0)
         tokens.append(int(batch[2].sum()))
+    # Steady state: drop the first quarter; the rate over what remains, with
+    # every rank's real tokens (ranks hold different rows) over rank 0's time.
+    k = args.steps // 4
+    real = torch.tensor([float(sum(tokens[k:]))], dtype=torch.float64)
     if args.ranks > 1:
-        dist.barrier()
+        dist.all_reduce(real)
     if rank == 0:
-        # Steady state: drop the first quarter; the rate over what remains.
-        k = args.steps // 4
         step_s = sorted(times[k:])[len(times[k:]) // 2]
-        rate = sum(tokens[k:]) / sum(times[k:]) * args.ranks
+        rate = real.item() / sum(times[k:])
         out.put({"ranks": args.ranks, "step_ms": step_s * 1e3, "tokens_per_s": rate,
                  "samples_per_s": args.batch * args.ranks * len(times[k:]) / sum(times[k:]),
                  "torch": torch.__version__, "model": args.model})

@@ -214,12 +214,12 @@ void load_model_weights(torch::nn::Module& module, const std::string& path) {
     dst.copy_(it->second.to(dst.device()));
     ++matched;
   };
-  for (auto& item : module.named_parameters()) load_into(item.key(), item.value());
-  for (auto& item : module.named_buffers()) load_into(item.key(), item.value());
-  auto own = module.named_parameters();
+  // Aliases first, so that a refused file leaves the model untouched.
+  auto params = module.named_parameters();
+  auto buffers = module.named_buffers();
   for (const auto& alias : kHuggingFaceAliases) {
     auto it = weights.tensors.find(alias.name);
-    if (it == weights.tensors.end() || own.contains(alias.name)) continue;
+    if (it == weights.tensors.end() || params.contains(alias.name) || buffers.contains(alias.name)) continue;
     if (alias.source) {
       auto src = weights.tensors.find(alias.source);
       COHORT_CHECK(src != weights.tensors.end() && src->second.sizes() == it->second.sizes() &&
@@ -229,6 +229,8 @@ void load_model_weights(torch::nn::Module& module, const std::string& path) {
     }
     ++matched;
   }
+  for (auto& item : params) load_into(item.key(), item.value());
+  for (auto& item : buffers) load_into(item.key(), item.value());
   COHORT_CHECK(matched == weights.tensors.size(), ConfigError, path, " has ", weights.tensors.size() - matched,
                " tensor(s) the model does not have: was a model.* key changed?");
 }

@@ -61,66 +61,82 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimOptions& o, t
   throw ConfigError(detail::cat("optim.name must be one of adamw | lamb | sgd (got '", o.name, "')"));
 }
 
-torch::Tensor FusedAdamW::step(LossClosure closure) {
-  torch::NoGradGuard no_grad;
-  torch::Tensor loss;
-  if (closure) {
-    torch::AutoGradMode enable_grad(true);
-    loss = closure();
+namespace {
+
+// The AdamW state of `p`, zero moments the first time: what libtorch's AdamW
+// keeps, so FusedAdamW, AdamW and Lamb checkpoints are alike.
+template <class StateMap>
+torch::optim::AdamWParamState& adamw_state(StateMap& state, const torch::Tensor& p) {
+  void* key = p.unsafeGetTensorImpl();
+  auto it = state.find(key);
+  if (it == state.end()) {
+    auto st = std::make_unique<torch::optim::AdamWParamState>();
+    st->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    st->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    it = state.emplace(key, std::move(st)).first;
   }
+  return static_cast<torch::optim::AdamWParamState&>(*it->second);
+}
+
+// The optimizers' closure, with autograd on (step() itself runs without).
+torch::Tensor evaluate_closure(const torch::optim::Optimizer::LossClosure& closure) {
+  if (!closure) return {};
+  torch::AutoGradMode enable_grad(true);
+  return closure();
+}
+
+}  // namespace
+
+torch::Tensor FusedAdamW::step(LossClosure closure) {
+  // The fused kernel walks each list as flat, dense arrays of one device and
+  // dtype; anything else takes libtorch's AdamW (which refuses sparse grads).
+  for (auto& group : param_groups_) {
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      const auto& first = group.params().front();
+      if (p.grad().is_sparse() || !p.is_contiguous() || !p.grad().is_contiguous() ||
+          p.grad().strides() != p.strides() || p.device() != first.device() || p.dtype() != first.dtype()) {
+        return torch::optim::AdamW::step(closure);
+      }
+    }
+  }
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss = evaluate_closure(closure);
   for (auto& group : param_groups_) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
     COHORT_CHECK(!o.amsgrad(), ConfigError, "FusedAdamW does not implement amsgrad");
     std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+    std::vector<torch::optim::AdamWParamState*> states;
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      void* key = p.unsafeGetTensorImpl();
-      auto it = state_.find(key);
-      if (it == state_.end()) {
-        auto st = std::make_unique<torch::optim::AdamWParamState>();
-        st->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        st->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        it = state_.emplace(key, std::move(st)).first;
-      }
-      auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
-      st.step(st.step() + 1);
+      auto& st = adamw_state(state_, p);
       params.push_back(p);
       grads.push_back(p.grad());
       exp_avgs.push_back(st.exp_avg());
       exp_avg_sqs.push_back(st.exp_avg_sq());
-      // The kernel reads the step count (already advanced) from a tensor.
-      steps.push_back(torch::full({}, static_cast<double>(st.step()), torch::TensorOptions().device(p.device())));
+      // The kernel reads the step about to be taken from a tensor.
+      steps.push_back(torch::full({}, static_cast<double>(st.step() + 1), torch::TensorOptions().device(p.device())));
+      states.push_back(&st);
     }
     if (params.empty()) continue;
     at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, o.lr(),
                       std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(),
                       /*amsgrad=*/false, /*maximize=*/false);
+    for (auto* st : states) st->step(st->step() + 1);  // only once the update is done
   }
   return loss;
 }
 
 torch::Tensor Lamb::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
-  torch::Tensor loss;
-  if (closure) {
-    torch::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  torch::Tensor loss = evaluate_closure(closure);
   for (auto& group : param_groups_) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
     double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       const auto& grad = p.grad();
-      void* key = p.unsafeGetTensorImpl();
-      auto it = state_.find(key);
-      if (it == state_.end()) {
-        auto st = std::make_unique<torch::optim::AdamWParamState>();
-        st->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        st->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        it = state_.emplace(key, std::move(st)).first;
-      }
-      auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      auto& st = adamw_state(state_, p);
       st.step(st.step() + 1);
       double t = static_cast<double>(st.step());
       st.exp_avg().mul_(beta1).add_(grad, 1 - beta1);

@@ -45,16 +45,11 @@ void set_lr(torch::optim::Optimizer& opt, double lr);
 // disables. Returns the norm before clipping (inf or NaN when a gradient is).
 double clip_gradients(torch::nn::Module& module, double max_norm);
 
-// LAMB (You et al. 2019, as in NVIDIA's BERT recipe): Adam moments with bias
-// correction, the update u = m^/(sqrt(v^)+eps) + wd*w, then a per-tensor
-// trust ratio ||w||/||u|| (1 when either norm is 0, and, as in NVIDIA's
-// FusedLAMB, for parameters without weight decay): w -= lr * ratio * u.
-// It reuses AdamW's options and per-parameter state, so checkpoints save and
-// load it the same way.
 // torch::optim::AdamW's update in one fused kernel per parameter group
 // (ATen's _fused_adamw_, what torch.optim.AdamW(fused=True) calls): one pass
 // over each tensor instead of about ten. Same options and per-parameter state
 // (AdamWParamState), so checkpoints are interchangeable with AdamW's.
+// Sparse, strided or mixed-device groups fall back to AdamW::step.
 // bench/optimizer_bench measures it against AdamW.
 class FusedAdamW : public torch::optim::AdamW {
  public:
@@ -62,6 +57,12 @@ class FusedAdamW : public torch::optim::AdamW {
   torch::Tensor step(LossClosure closure = nullptr) override;
 };
 
+// LAMB (You et al. 2019, as in NVIDIA's BERT recipe): Adam moments with bias
+// correction, the update u = m^/(sqrt(v^)+eps) + wd*w, then a per-tensor
+// trust ratio ||w||/||u|| (1 when either norm is 0, and, as in NVIDIA's
+// FusedLAMB, for parameters without weight decay): w -= lr * ratio * u.
+// It reuses AdamW's options and per-parameter state, so checkpoints save and
+// load it the same way.
 class Lamb : public torch::optim::AdamW {
  public:
   using torch::optim::AdamW::AdamW;
