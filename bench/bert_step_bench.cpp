@@ -75,9 +75,7 @@ int main(int argc, char** argv) {
     std::vector<int64_t> idx;
     for (int64_t r = 0; r < batch; ++r) idx.push_back((s * batch) % (shards->size() - batch) + r);
     Example e = shards->get_batch(idx);
-    return {{e.at("input_ids"), e.at("segment_ids"), e.at("input_mask"), e.at("masked_lm_positions"),
-             e.at("masked_lm_ids")},
-            e.at("next_sentence_labels")};
+    return {BertBatch::from(e), e.at("next_sentence_labels")};
   };
   c10::Device cpu(torch::kCPU);
 

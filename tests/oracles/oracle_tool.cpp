@@ -51,8 +51,7 @@ int bert_logits(const std::string& model_dir, const std::string& data_dir, const
   std::iota(ids.begin(), ids.end(), 0);
   Example b = data.get_batch(ids);
   torch::NoGradGuard no_grad;
-  auto o = model->forward({b.at("input_ids"), b.at("segment_ids"), b.at("input_mask"), b.at("masked_lm_positions"),
-                           b.at("masked_lm_ids")});
+  auto o = model->forward(BertBatch::from(b));
   NamedTensors t;
   for (const char* k : {"input_ids", "segment_ids", "input_mask", "masked_lm_positions", "masked_lm_ids",
                         "next_sentence_labels"}) {

@@ -213,6 +213,11 @@ torch::Tensor BertForPretrainingImpl::encode(const torch::Tensor& input_ids, con
   return x;
 }
 
+BertBatch BertBatch::from(const Example& b) {
+  return {b.at("input_ids"), b.at("segment_ids"), b.at("input_mask"), b.at("masked_lm_positions"),
+          b.at("masked_lm_ids")};
+}
+
 BertOutputs BertForPretrainingImpl::forward(const BertBatch& batch) {
   COHORT_CHECK(batch.input_ids.size(1) <= cfg_.max_positions, DataError, "a batch has sequences of length ",
                batch.input_ids.size(1), " but model.max-positions is ", cfg_.max_positions);

@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "cohort/data/dataset.hpp"
+
 namespace cohort {
 
 struct ModelOptions;
@@ -42,6 +44,10 @@ struct BertBatch {
   torch::Tensor input_mask;       // int64 [B,L], 1 for real tokens
   torch::Tensor masked_positions; // int64 [B,P]
   torch::Tensor masked_ids;       // int64 [B,P], -1 where no prediction
+
+  // A collated batch of BertShards (data/bert_shards.hpp): input_ids,
+  // segment_ids, input_mask, masked_lm_positions, masked_lm_ids.
+  static BertBatch from(const Example& batch);
 };
 
 struct BertOutputs {

@@ -4,6 +4,7 @@
 #include <torch/optim/sgd.h>
 
 #include <cmath>
+#include <map>
 
 #include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
@@ -91,9 +92,10 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
   // The fused kernel walks each list as flat, dense arrays of one device and
   // dtype; anything else takes libtorch's AdamW (which refuses sparse grads).
   for (auto& group : param_groups_) {
+    if (group.params().empty()) continue;
+    const auto& first = group.params().front();
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      const auto& first = group.params().front();
       if (p.grad().is_sparse() || !p.is_contiguous() || !p.grad().is_contiguous() ||
           p.grad().strides() != p.strides() || p.device() != first.device() || p.dtype() != first.dtype()) {
         return torch::optim::AdamW::step(closure);
@@ -107,6 +109,7 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     COHORT_CHECK(!o.amsgrad(), ConfigError, "FusedAdamW does not implement amsgrad");
     std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
     std::vector<torch::optim::AdamWParamState*> states;
+    std::map<int64_t, torch::Tensor> step_tensors;  // the kernel only reads them: one per count
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       auto& st = adamw_state(state_, p);
@@ -115,7 +118,9 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       exp_avgs.push_back(st.exp_avg());
       exp_avg_sqs.push_back(st.exp_avg_sq());
       // The kernel reads the step about to be taken from a tensor.
-      steps.push_back(torch::full({}, static_cast<double>(st.step() + 1), torch::TensorOptions().device(p.device())));
+      auto& step = step_tensors[st.step() + 1];
+      if (!step.defined()) step = torch::full({}, static_cast<double>(st.step() + 1), torch::TensorOptions().device(p.device()));
+      steps.push_back(step);
       states.push_back(&st);
     }
     if (params.empty()) continue;

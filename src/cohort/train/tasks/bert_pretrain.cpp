@@ -33,11 +33,6 @@ int64_t data_vocab_size(const std::string& dir, const BertShards& shards) {
   return lines;
 }
 
-BertBatch to_bert_batch(const Example& b) {
-  return {b.at("input_ids"), b.at("segment_ids"), b.at("input_mask"), b.at("masked_lm_positions"),
-          b.at("masked_lm_ids")};
-}
-
 class BertPretrainTask : public Task {
  public:
   BertPretrainTask(const Config& cfg, const World& world)
@@ -78,7 +73,7 @@ class BertPretrainTask : public Task {
     COHORT_CHECK(ids.numel() == 0 || ids.max().item<int64_t>() < vocab, DataError, "a batch of ", dir_,
                  " has token id ", ids.max().item<int64_t>(), " but the model's vocabulary is ", vocab,
                  " (model.vocab-size)");
-    BertOutputs out = model_->forward(to_bert_batch(b));
+    BertOutputs out = model_->forward(BertBatch::from(b));
     const auto& nsp_labels = b.at("next_sentence_labels");
     auto sum = F::CrossEntropyFuncOptions().reduction(torch::kSum);
     auto mlm_logits = out.mlm_logits.to(torch::kFloat32);
