@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
   c.intermediate = 0;
   int64_t seq = 128, predictions = 20, batch = 16, steps = 20;
   int threads = 1;
-  std::string precision = "fp32", data;
+  std::string precision_name = "fp32", data;
   app.add_option("--vocab", c.vocab_size)->capture_default_str();
   app.add_option("--hidden", c.hidden)->capture_default_str();
   app.add_option("--layers", c.layers)->capture_default_str();
@@ -45,9 +45,10 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch)->capture_default_str();
   app.add_option("--steps", steps)->capture_default_str();
   app.add_option("--threads", threads)->capture_default_str();
-  app.add_option("--precision", precision, "fp32 | bf16")->capture_default_str();
+  app.add_option("--precision", precision_name, "fp32 | bf16")->capture_default_str();
   app.add_option("--data", data, "shards from cohort prepare (train split); default: synthetic batches");
   CLI11_PARSE(app, argc, argv);
+  const Precision precision = parse_choice<Precision>("--precision", precision_name);
   if (c.intermediate == 0) c.intermediate = 4 * c.hidden;
 
   torch::set_num_threads(threads);
@@ -108,6 +109,6 @@ int main(int argc, char** argv) {
   double step_s = steady[steady.size() / 2];
   std::printf("{\"step_ms\": %.3f, \"tokens_per_s\": %.1f, \"samples_per_s\": %.2f, \"precision\": \"%s\"}\n",
               step_s * 1e3, toks / secs, static_cast<double>(batch) * static_cast<double>(steady.size()) / secs,
-              precision.c_str());
+              name_of(precision));
   return 0;
 }

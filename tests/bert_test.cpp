@@ -172,21 +172,21 @@ TEST(Bert, Bf16AutocastForwardBackward) {
   BertForPretraining model(golden_config());
   BertBatch batch{gold("bert.in.input_ids"), gold("bert.in.segment_ids"), gold("bert.in.input_mask"),
                   gold("bert.in.masked_lm_positions"), gold("bert.in.masked_lm_ids")};
-  auto losses = [&](const std::string& precision) {
+  auto losses = [&](Precision precision) {
     torch::Tensor mlm;
     {
       AutocastScope autocast(precision, c10::Device(torch::kCPU));
       auto out = model->forward(batch);
       // Autocast really ran the decoder in bf16 (or, for fp32, did not).
-      EXPECT_EQ(out.mlm_logits.scalar_type(), precision == "bf16" ? torch::kBFloat16 : torch::kFloat32);
+      EXPECT_EQ(out.mlm_logits.scalar_type(), precision == Precision::kBf16 ? torch::kBFloat16 : torch::kFloat32);
       mlm = torch::nn::functional::cross_entropy(out.mlm_logits.to(torch::kFloat32), out.mlm_labels) +
             torch::nn::functional::cross_entropy(out.nsp_logits.to(torch::kFloat32),
                                                  gold("bert.in.next_sentence_labels"));
     }
     return mlm;
   };
-  double fp32 = losses("fp32").item<double>();
-  auto bf16 = losses("bf16");
+  double fp32 = losses(Precision::kFp32).item<double>();
+  auto bf16 = losses(Precision::kBf16);
   EXPECT_NEAR(bf16.item<double>(), fp32, 0.02 * fp32);
   bf16.backward();
   for (const auto& p : model->parameters()) {
@@ -223,16 +223,16 @@ TEST(LossScaler, SkipsOverflowingStepsAndAdaptsTheScale) {
 
 TEST(Precision, AutoPicksWhatTheDeviceRuns) {
   c10::Device cpu(torch::kCPU);
-  EXPECT_EQ(resolve_precision("auto", cpu), cpu_has_amx_bf16() ? "bf16" : "fp32");
-  EXPECT_EQ(resolve_precision("auto", c10::Device(torch::kCUDA, 0)), "fp16");
-  EXPECT_EQ(resolve_precision("fp32", cpu), "fp32");
-  EXPECT_THROW(resolve_precision("fp16", cpu), ConfigError);
+  EXPECT_EQ(resolve_precision(Precision::kAuto, cpu), cpu_has_amx_bf16() ? Precision::kBf16 : Precision::kFp32);
+  EXPECT_EQ(resolve_precision(Precision::kAuto, c10::Device(torch::kCUDA, 0)), Precision::kFp16);
+  EXPECT_EQ(resolve_precision(Precision::kFp32, cpu), Precision::kFp32);
+  EXPECT_THROW(resolve_precision(Precision::kFp16, cpu), ConfigError);
 }
 
 
 void check_optimizer(const std::string& name) {
   OptimOptions o;
-  o.name = name;
+  o.name = parse_choice<OptimizerKind>("optim.name", name);
   o.lr = 1e-2;
   o.weight_decay = 0.01;
   o.beta1 = 0.9;
@@ -276,7 +276,7 @@ TEST(Optim, ClippingMatchesLibtorchsClipGradNorm) {
 TEST(Optim, SchedulesMatchPyTorchSchedulers) {
   for (const std::string kind : {"constant", "linear", "cosine", "poly"}) {
     LrSchedule s;
-    s.kind = kind;
+    s.kind = parse_choice<Schedule>("optim.schedule", kind);
     s.peak = 1e-3;
     s.warmup = 5;
     s.total = 20;

@@ -30,7 +30,7 @@ TEST(Config, DefaultsAreValid) {
   Config cfg;
   EXPECT_NO_THROW(validate(cfg));
   EXPECT_EQ(cfg.train.max_steps, -1);
-  EXPECT_EQ(cfg.optim.name, "adamw");
+  EXPECT_EQ(cfg.optim.name, OptimizerKind::kAdamW);
 }
 
 TEST(Config, CommandLineSetsTypedFields) {
@@ -50,7 +50,7 @@ TEST(Config, FileSetsKeysAndCommandLineWins) {
              "[train]\nseed = 7\n");
   Config cfg = parse({"--optim.lr", "0.125"}, tmp / "c.toml");
   EXPECT_DOUBLE_EQ(cfg.optim.lr, 0.125);  // command line wins
-  EXPECT_EQ(cfg.optim.name, "sgd");       // file applies
+  EXPECT_EQ(cfg.optim.name, OptimizerKind::kSgd);       // file applies
   EXPECT_EQ(cfg.data.global_batch, 32);
   EXPECT_TRUE(cfg.data.drop_last);
   EXPECT_EQ(cfg.train.seed, 7u);
@@ -107,9 +107,8 @@ class ConfigValidation : public ::testing::TestWithParam<BadValue> {};
 
 TEST_P(ConfigValidation, NamesKeyAndValue) {
   const BadValue& bad = GetParam();
-  Config cfg = parse(bad.args);
   try {
-    validate(cfg);
+    validate(parse(bad.args));  // a word outside a choice's table fails in parse already
     FAIL() << "accepted " << bad.key << " = " << bad.value;
   } catch (const ConfigError& e) {
     std::string msg = e.what();
@@ -176,3 +175,55 @@ TEST(Config, EveryKeyIsSectionDotName) {
     EXPECT_NE(std::find(keys.begin(), keys.end(), fixed), keys.end()) << fixed;
   }
 }
+
+TEST(Config, ResumeRefusesFixedKeysAndReportsTheRest) {
+  std::string saved = "[model]\nname = \"mlp\"\nhidden = 64\n[optim]\nlr = 0.001\n[log]\nevery-steps = 50\n";
+  auto ok = check_resume_config(saved, "[model]\nname = \"mlp\"\nhidden = 64\n[optim]\nlr = 0.0005\n[log]\n"
+                                       "every-steps = 10\n");
+  EXPECT_EQ(ok, (std::vector<std::string>{"optim.lr: 0.001 -> 0.0005", "log.every-steps: 50 -> 10"}));
+  std::string e = error_of([&] { check_resume_config(saved, "[model]\nname = \"mlp\"\nhidden = 128\n"); });
+  EXPECT_NE(e.find("model.hidden was 64 in the checkpoint but is 128"), std::string::npos) << e;
+}
+
+TEST(Config, EveryKeyHasOneScope) {
+  CLI::App app;
+  Config cfg;
+  ConfigBinding binding(app, cfg);
+  EXPECT_EQ(binding.scope("model.hidden"), KeyScope::kFixed);
+  EXPECT_EQ(binding.scope("data.global-batch"), KeyScope::kFixed);
+  EXPECT_EQ(binding.scope("data.path"), KeyScope::kPerNode);  // a mount point differs between nodes
+  EXPECT_EQ(binding.scope("train.threads"), KeyScope::kPerNode);
+  EXPECT_EQ(binding.scope("optim.lr"), KeyScope::kShared);
+  EXPECT_EQ(binding.scope("log.every-steps"), KeyScope::kShared);  // log lines are collectives
+  // The start-up check hashes every key but the per-node ones.
+  std::string toml = binding.to_toml();
+  std::string shared = shared_config(toml);
+  EXPECT_NE(shared.find("optim.lr="), std::string::npos);
+  EXPECT_NE(shared.find("model.hidden="), std::string::npos);
+  EXPECT_EQ(shared.find("data.path="), std::string::npos);
+  EXPECT_EQ(shared.find("train.threads="), std::string::npos);
+  // A per-node key may change on resume; a fixed one may not.
+  auto changes = check_resume_config("[data]\npath = \"/a\"\n", "[data]\npath = \"/b\"\n");
+  EXPECT_EQ(changes, (std::vector<std::string>{"data.path: \"/a\" -> \"/b\""}));
+  EXPECT_THROW(check_resume_config("[train]\nseed = 1\n", "[train]\nseed = 2\n"), ConfigError);
+}
+
+TEST(Config, ChoicesParseFromTheirTableOnly) {
+  Config cfg = parse({"--train.precision", "bf16", "--optim.schedule", "cosine", "--dist.grad-compression", "fp16",
+                      "--optim.name", "lamb", "--train.device", "cpu"});
+  EXPECT_EQ(cfg.train.precision, Precision::kBf16);
+  EXPECT_EQ(cfg.optim.schedule, Schedule::kCosine);
+  EXPECT_EQ(cfg.dist.grad_compression, Compression::kFp16);
+  EXPECT_EQ(cfg.optim.name, OptimizerKind::kLamb);
+  EXPECT_EQ(cfg.train.device, DeviceKind::kCpu);
+  std::string e = error_of([&] { parse({"--optim.schedule", "step"}); });
+  EXPECT_NE(e.find("optim.schedule must be one of constant | linear | cosine | poly (got 'step')"),
+            std::string::npos) << e;
+  // And from a file, naming it.
+  TempDir tmp;
+  write_file(tmp / "c.toml", "[dist]\ngrad-compression = \"int8\"\n");
+  e = error_of([&] { parse({}, tmp / "c.toml"); });
+  EXPECT_NE(e.find("c.toml"), std::string::npos) << e;
+  EXPECT_NE(e.find("dist.grad-compression must be one of none | bf16 | fp16 (got 'int8')"), std::string::npos) << e;
+}
+

@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 
 #include "cohort/core/error.hpp"
-#include "cohort/dist/comm.hpp"
-#include "cohort/dist/grad_sync.hpp"
+#include "cohort/distributed/comm.hpp"
+#include "cohort/distributed/grad_sync.hpp"
 #include "helpers.hpp"
 
 using namespace cohort;
@@ -20,7 +20,7 @@ std::unique_ptr<Comm> join(int rank, int n, int port) {
   s.host_store = rank == 0;
   CommOptions o;
   o.timeout = std::chrono::seconds(30);
-  o.device = "cpu";
+  o.device = DeviceKind::kCpu;
   return Comm::connect(s, o);
 }
 
@@ -167,7 +167,7 @@ TEST_P(GradSyncCompression, IsCloseToTheExactSum) {
     auto comm = join(rank, 2, port);
     Params m;
     GradSyncOptions o;
-    o.compression = GetParam();
+    o.compression = parse_choice<Compression>("dist.grad-compression", GetParam());
     GradSync sync(*comm, m, o);
     std::vector<bool> all(7, true);
     sync.prepare(true);

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <set>
 
-#include "cohort/dist/comm.hpp"
+#include "cohort/distributed/comm.hpp"
 #include "helpers.hpp"
 
 using namespace cohort;
@@ -49,7 +49,7 @@ TEST(Platform, OneGlooOnlyTheOneInsideLibtorch) {
     s.host_store = rank == 0;
     CommOptions o;
     o.timeout = std::chrono::seconds(30);
-    o.device = "cpu";
+    o.device = DeviceKind::kCpu;
     auto comm = Comm::connect(s, o);
     auto t = torch::full({4}, static_cast<double>(rank + 1));
     comm->all_reduce_sum(t);

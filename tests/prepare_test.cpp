@@ -517,13 +517,13 @@ TEST(PreparePipeline, WritesVocabShardsAndManifest) {
   o.inputs = {tmp / "corpus.txt"};
   o.out = tmp / "out";
   o.vocab = tmp / "vocab.txt";
-  o.max_seq_length = 32;
-  o.max_predictions = 5;
-  o.dupe_factor = 2;
+  o.instances.max_seq_length = 32;
+  o.instances.max_predictions = 5;
+  o.instances.dupe_factor = 2;
   o.valid_fraction = 0.1;
   o.test_fraction = 0.1;
   o.rows_per_shard = 16;
-  o.threads = 2;
+  o.instances.threads = 2;
   o.quiet = true;
   run_prepare(o);
 
@@ -569,9 +569,9 @@ TEST(PreparePipeline, BuildsAVocabularyFromTheTrainingSplit) {
   o.inputs = {tmp / "corpus.txt"};
   o.out = tmp / "out";
   o.vocab_size = 100;
-  o.max_seq_length = 32;
-  o.max_predictions = 5;
-  o.dupe_factor = 1;
+  o.instances.max_seq_length = 32;
+  o.instances.max_predictions = 5;
+  o.instances.dupe_factor = 1;
   o.quiet = true;
   run_prepare(o);
   auto lines = cohort::test::lines_of(cohort::test::read_file(tmp / "out/vocab.txt"));
@@ -598,16 +598,16 @@ TEST(PreparePipeline, BadOptionsAreUsageErrorsNamingTheFlag) {
     }
     return std::string("(no usage error)");
   };
-  EXPECT_NE(err([](auto& o) { o.max_seq_length = 4; }).find("--max-seq-length"), std::string::npos);
-  EXPECT_NE(err([](auto& o) { o.max_predictions = 0; }).find("--max-predictions"), std::string::npos);
-  EXPECT_NE(err([](auto& o) { o.max_predictions = 128; }).find("--max-predictions"), std::string::npos);
-  EXPECT_NE(err([](auto& o) { o.masked_lm_prob = 1.5; }).find("--masked-lm-prob"), std::string::npos);
-  EXPECT_NE(err([](auto& o) { o.short_seq_prob = -0.1; }).find("--short-seq-prob"), std::string::npos);
-  EXPECT_NE(err([](auto& o) { o.dupe_factor = 0; }).find("--dupe-factor"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.instances.max_seq_length = 4; }).find("--max-seq-length"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.instances.max_predictions = 0; }).find("--max-predictions"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.instances.max_predictions = 128; }).find("--max-predictions"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.instances.masked_lm_prob = 1.5; }).find("--masked-lm-prob"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.instances.short_seq_prob = -0.1; }).find("--short-seq-prob"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.instances.dupe_factor = 0; }).find("--dupe-factor"), std::string::npos);
   EXPECT_NE(err([](auto& o) { o.valid_fraction = 0.6; o.test_fraction = 0.5; }).find("--test-fraction"),
             std::string::npos);
   EXPECT_NE(err([](auto& o) { o.rows_per_shard = 0; }).find("--rows-per-shard"), std::string::npos);
-  EXPECT_NE(err([](auto& o) { o.threads = -1; }).find("--threads"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.instances.threads = -1; }).find("--threads"), std::string::npos);
   EXPECT_NE(err([](auto& o) { o.inputs.clear(); }).find("--input"), std::string::npos);
   EXPECT_FALSE(std::filesystem::exists(tmp / "out"));
 

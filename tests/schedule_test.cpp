@@ -11,7 +11,7 @@ namespace {
 LrSchedule make(const std::string& kind, double warmup_ratio, int64_t total, double min_ratio = 0.0) {
   OptimOptions o;
   o.lr = 2.0;
-  o.schedule = kind;
+  o.schedule = parse_choice<Schedule>("optim.schedule", kind);
   o.warmup_ratio = warmup_ratio;
   o.min_lr_ratio = min_ratio;
   return LrSchedule::from(o, total);

@@ -2,7 +2,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/core/error.hpp"
-#include "cohort/dist/comm.hpp"
+#include "cohort/distributed/comm.hpp"
 #include "cohort/train/trainer.hpp"
 #include "helpers.hpp"
 

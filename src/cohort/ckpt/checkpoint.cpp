@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "cohort/core/error.hpp"
+#include "cohort/core/files.hpp"
 #include "cohort/core/sha256.hpp"
 
 namespace cohort {
@@ -20,29 +21,6 @@ namespace cohort {
 namespace fs = std::filesystem;
 
 namespace {
-
-void fsync_path(const fs::path& p, bool directory) {
-  int fd = ::open(p.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  COHORT_CHECK(fd >= 0, Error, p.string(), ": cannot open to sync (", std::strerror(errno), ")");
-  int rc = ::fsync(fd);
-  ::close(fd);
-  COHORT_CHECK(rc == 0, Error, p.string(), ": fsync failed (", std::strerror(errno), ")");
-}
-
-std::string read_all(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  COHORT_CHECK(in.good(), DataError, p.string(), ": missing or unreadable");
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
-
-void write_all(const fs::path& p, const std::string& bytes) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out << bytes;
-  out.flush();
-  COHORT_CHECK(out.good(), Error, p.string(), ": write failed (disk full?)");
-}
 
 const char* const kFiles[] = {"model.safetensors", "optimizer.pt", "rng.safetensors", "config.toml"};
 
@@ -73,7 +51,7 @@ std::string Checkpoints::write(const CheckpointState& state, const NamedTensors&
   save_safetensors((tmp / "model.safetensors").string(), model, {{"format", "pt"}});
   torch::save(optimizer, (tmp / "optimizer.pt").string());
   save_safetensors((tmp / "rng.safetensors").string(), rng);
-  write_all(tmp / "config.toml", config_toml);
+  write_file_atomically((tmp / "config.toml").string(), config_toml);
 
   nlohmann::json manifest = {{"format_version", CheckpointState::kFormatVersion},
                              {"step", state.step},
@@ -82,22 +60,16 @@ std::string Checkpoints::write(const CheckpointState& state, const NamedTensors&
                              {"samples_seen", state.samples_seen},
                              {"world_size", state.world_size}};
   for (const char* f : kFiles) {
-    manifest["sha256"][f] = sha256_hex(read_all(tmp / f));
-    fsync_path(tmp / f, false);
+    manifest["sha256"][f] = sha256_hex(read_file((tmp / f).string()));
+    sync_path((tmp / f).string(), false);
   }
-  write_all(tmp / "state.json", manifest.dump(2) + "\n");
-  fsync_path(tmp / "state.json", false);
-  fsync_path(tmp, true);
+  write_file_atomically((tmp / "state.json").string(), manifest.dump(2) + "\n");
+  sync_path(tmp.string(), true);
 
   fs::remove_all(final_dir);  // an older attempt at the same step
   fs::rename(tmp, final_dir);
-  fsync_path(root_, true);
-
-  fs::path latest_tmp = fs::path(root_) / ".latest.tmp";
-  write_all(latest_tmp, dir_name(state.step) + "\n");
-  fsync_path(latest_tmp, false);
-  fs::rename(latest_tmp, fs::path(root_) / "latest");
-  fsync_path(root_, true);
+  sync_path(root_, true);
+  write_file_atomically((fs::path(root_) / "latest").string(), dir_name(state.step) + "\n");
 
   // Keep the newest `keep` checkpoints.
   std::vector<std::pair<int64_t, fs::path>> all;
@@ -112,7 +84,7 @@ std::string Checkpoints::write(const CheckpointState& state, const NamedTensors&
 
 CheckpointState Checkpoints::verify(const std::string& dir) {
   fs::path d(dir);
-  std::string text = read_all(d / "state.json");
+  std::string text = read_file((d / "state.json").string());
   nlohmann::json m;
   try {
     m = nlohmann::json::parse(text);
@@ -125,7 +97,7 @@ CheckpointState Checkpoints::verify(const std::string& dir) {
                  ": format version ", version, ", this cohort reads version ", CheckpointState::kFormatVersion);
     for (const char* f : kFiles) {
       std::string want = m.at("sha256").at(f).get<std::string>();
-      COHORT_CHECK(sha256_hex(read_all(d / f)) == want, DataError, (d / f).string(),
+      COHORT_CHECK(sha256_hex(read_file((d / f).string())) == want, DataError, (d / f).string(),
                    ": checksum mismatch (corrupt or partly written)");
     }
     CheckpointState s;
@@ -139,12 +111,9 @@ CheckpointState Checkpoints::verify(const std::string& dir) {
   }
 }
 
-std::string Checkpoints::resolve(const std::string& path, std::vector<std::string>* warnings) {
+ResolvedCheckpoint Checkpoints::resolve(const std::string& path, std::vector<std::string>* warnings) {
   fs::path p(path);
-  if (fs::exists(p / "state.json")) {
-    verify(p.string());
-    return p.string();
-  }
+  if (fs::exists(p / "state.json")) return {p.string(), verify(p.string())};
   fs::path root = fs::exists(p / "checkpoints") ? p / "checkpoints" : p;
   COHORT_CHECK(fs::is_directory(root), DataError, path, ": no checkpoints here (expected RUN_DIR/checkpoints/)");
   std::vector<std::pair<int64_t, fs::path>> all;
@@ -157,30 +126,12 @@ std::string Checkpoints::resolve(const std::string& path, std::vector<std::strin
   // after a crash, and a resume from an older step moves newer ones aside.
   for (const auto& [step, dir] : all) {
     try {
-      verify(dir.string());
-      return dir.string();
+      return {dir.string(), verify(dir.string())};
     } catch (const DataError& e) {
       if (warnings) warnings->push_back(detail::cat("skipping checkpoint ", dir.string(), ": ", e.what()));
     }
   }
   throw DataError(detail::cat(path, ": no complete checkpoint to resume from"));
-}
-
-std::vector<std::pair<std::string, std::string>> read_config_values(const std::string& toml_text) {
-  std::vector<std::pair<std::string, std::string>> out;
-  std::istringstream in(toml_text);
-  std::string section;
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] == '#') continue;
-    if (line.front() == '[' && line.back() == ']') {
-      section = line.substr(1, line.size() - 2);
-      continue;
-    }
-    auto eq = line.find(" = ");
-    if (eq == std::string::npos) continue;
-    out.emplace_back(section + "." + line.substr(0, eq), line.substr(eq + 3));
-  }
-  return out;
 }
 
 namespace {
@@ -240,44 +191,13 @@ std::string model_weights_file(const std::string& path) {
   if (fs::is_regular_file(p)) return p.string();
   if (fs::exists(p / "model.safetensors")) return (p / "model.safetensors").string();
   std::vector<std::string> ignored;
-  return (fs::path(Checkpoints::resolve(path, &ignored)) / "model.safetensors").string();
-}
-
-std::vector<std::pair<std::string, std::string>> read_config_file(const std::string& path) {
-  return read_config_values(read_all(path));
-}
-
-std::string config_value(const std::vector<std::pair<std::string, std::string>>& values, const std::string& key) {
-  for (const auto& [k, v] : values) {
-    if (k == key) return v.size() >= 2 && v.front() == '"' ? v.substr(1, v.size() - 2) : v;
-  }
-  throw DataError(detail::cat("config.toml has no key ", key));
+  return (fs::path(Checkpoints::resolve(path, &ignored).dir) / "model.safetensors").string();
 }
 
 std::string Checkpoints::run_dir_of(const std::string& checkpoint_dir) {
   auto ckpt = fs::absolute(checkpoint_dir).lexically_normal();
   if (!ckpt.has_filename()) ckpt = ckpt.parent_path();  // a trailing '/'
   return ckpt.parent_path().parent_path().string();
-}
-
-std::vector<std::string> check_resume_config(const std::string& saved_toml, const std::string& current_toml) {
-  // Keys that define what is trained and on which samples in which order.
-  static const char* const kRefused[] = {"model.", "train.task", "train.seed", "data.path", "data.drop-last",
-                                         "data.bucket", "data.global-batch", "optim.name"};
-  std::map<std::string, std::string> saved;
-  for (auto& [k, v] : read_config_values(saved_toml)) saved[k] = v;
-  std::vector<std::string> changes;
-  for (auto& [key, value] : read_config_values(current_toml)) {
-    auto it = saved.find(key);
-    if (it == saved.end() || it->second == value) continue;
-    for (const char* r : kRefused) {
-      bool match = std::string(r).back() == '.' ? key.rfind(r, 0) == 0 : key == r;
-      COHORT_CHECK(!match, ConfigError, "cannot resume: ", key, " was ", it->second, " in the checkpoint but is ",
-                   value, " now; it changes what is trained. Resume with the original value or start a new run");
-    }
-    changes.push_back(key + ": " + it->second + " -> " + value);
-  }
-  return changes;
 }
 
 }  // namespace cohort

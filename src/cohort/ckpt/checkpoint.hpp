@@ -35,6 +35,12 @@ struct CheckpointState {
   int world_size = 1;
 };
 
+// A checkpoint directory whose checksums were verified, and what it holds.
+struct ResolvedCheckpoint {
+  std::string dir;
+  CheckpointState state;
+};
+
 class Checkpoints {
  public:
   Checkpoints(std::string run_dir, int keep);
@@ -45,9 +51,10 @@ class Checkpoints {
                     const NamedTensors& rng, const std::string& config_toml);
 
   // `path` is a run dir (its newest valid checkpoint) or a checkpoint dir.
-  // Returns the checkpoint dir to load; appends a line to `warnings` for every
-  // newer checkpoint skipped as broken. Throws DataError when there is none.
-  static std::string resolve(const std::string& path, std::vector<std::string>* warnings);
+  // Returns the checkpoint to load, verified (once: nothing needs to check it
+  // again); appends a line to `warnings` for every newer checkpoint skipped
+  // as broken. Throws DataError when there is none.
+  static ResolvedCheckpoint resolve(const std::string& path, std::vector<std::string>* warnings);
 
   // Verifies every checksum of `dir`; throws DataError naming the file.
   static CheckpointState verify(const std::string& dir);
@@ -73,19 +80,5 @@ void load_model_weights(torch::nn::Module& module, const std::string& safetensor
 // holding one (an export or a checkpoint), or a run dir (its newest valid
 // checkpoint). Throws DataError when there is none.
 std::string model_weights_file(const std::string& path);
-
-// Reads a resolved config.toml into key -> literal value ("optim.lr" -> "0.001").
-std::vector<std::pair<std::string, std::string>> read_config_values(const std::string& toml_text);
-// read_config_values of a file. Throws DataError naming it when unreadable.
-std::vector<std::pair<std::string, std::string>> read_config_file(const std::string& path);
-// The value of `key` in such a list, a string's quotes removed. Throws
-// DataError naming the key when it is absent.
-std::string config_value(const std::vector<std::pair<std::string, std::string>>& values, const std::string& key);
-
-// Compares the config a checkpoint was written with to the one resuming it.
-// A change that breaks the resume (model shape, task, data, seed, order) is a
-// ConfigError naming the key and both values; other changes are returned as
-// lines to report ("optim.lr: 0.001 -> 0.0005").
-std::vector<std::string> check_resume_config(const std::string& saved_toml, const std::string& current_toml);
 
 }  // namespace cohort

@@ -17,6 +17,7 @@ namespace cohort {
 
 struct ConfigBinding::Key {
   std::string name;  // section.key
+  KeyScope scope = KeyScope::kShared;
   CLI::Option* option = nullptr;
   std::function<std::string()> to_toml;  // current value as a TOML literal
 };
@@ -64,40 +65,52 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 
 ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   const std::string group = "Config keys (also [section] key = value in --config)";
-  auto bind = [&](const std::string& name, auto& field, const std::string& help,
+  auto bind = [&](const std::string& name, auto& field, const std::string& help, KeyScope scope = KeyScope::kShared,
                   const std::string& alias = "") {
     auto key = std::make_unique<Key>();
     key->name = name;
+    key->scope = scope;
     std::string flags = "--" + name + (alias.empty() ? "" : "," + alias);
     using T = std::decay_t<decltype(field)>;
     if constexpr (std::is_same_v<T, bool>) {
       key->option = app.add_flag(flags, field, help);
       key->option->default_str(field ? "true" : "false");
+      key->to_toml = [&field] { return toml_value(field); };
+    } else if constexpr (std::is_enum_v<T>) {
+      key->option = app.add_option_function<std::string>(
+          flags, [&field, name](const std::string& text) { field = parse_choice<T>(name, text); }, help);
+      key->option->default_str(name_of(field))->type_name(choice_list<T>());
+      key->to_toml = [&field] { return toml_value(std::string(name_of(field))); };
     } else {
       key->option = app.add_option(flags, field, help)->capture_default_str();
+      key->to_toml = [&field] { return toml_value(field); };
     }
     key->option->group(group)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-    key->to_toml = [&field] { return toml_value(field); };
     keys_.push_back(std::move(key));
   };
+  // Each key is declared exactly once, here, with its scope: kPerNode keys
+  // may differ between ranks (they are not in the start-up config check);
+  // kFixed keys define what is trained and on which samples in which order,
+  // so a resume refuses to change them. The rest must match on every rank
+  // and may change on resume.
+  const KeyScope node = KeyScope::kPerNode, fixed = KeyScope::kFixed;
 
-  // Each key is declared exactly once, here.
-  bind("train.task", c.train.task, "task: image-classify | bert-pretrain");
+  bind("train.task", c.train.task, "task: image-classify | bert-pretrain, or one the program registered", fixed);
   bind("train.max-steps", c.train.max_steps, "stop after this many optimizer steps; -1 runs train.epochs epochs");
   bind("train.epochs", c.train.epochs, "epochs to run when train.max-steps is -1");
-  bind("train.seed", c.train.seed, "seed for every RNG: init, data order, dropout");
-  bind("train.device", c.train.device, "auto | cpu | cuda");
-  bind("train.threads", c.train.threads, "intra-op threads per rank; 0 = free cores / local ranks", "--threads");
-  bind("train.precision", c.train.precision, "fp32 | bf16 | fp16 | auto: autocast dtype; master weights stay fp32. auto = bf16 on a CPU with AMX, else fp32; fp16 with loss scaling on CUDA");
+  bind("train.seed", c.train.seed, "seed for every RNG: init, data order, dropout", fixed);
+  bind("train.device", c.train.device, "auto | cpu | cuda", node);
+  bind("train.threads", c.train.threads, "intra-op threads per rank; 0 = free cores / local ranks", node, "--threads");
+  bind("train.precision", c.train.precision, "autocast dtype; master weights stay fp32. auto = bf16 on a CPU with AMX, else fp32; fp16 (loss-scaled) on CUDA");
 
-  bind("data.path", c.data.path, "dataset directory");
-  bind("data.global-batch", c.data.global_batch, "samples per optimizer step, summed over all ranks and micro-batches");
-  bind("data.workers", c.data.workers, "background loader threads per rank; 0 loads inline");
-  bind("data.prefetch", c.data.prefetch, "steps prepared ahead per rank");
-  bind("data.drop-last", c.data.drop_last, "drop the epoch's last, short global batch");
-  bind("data.bucket", c.data.bucket, "length bucketing: sort each window of N global batches by length; 0 = off");
+  bind("data.path", c.data.path, "dataset directory (may differ between nodes)", node);
+  bind("data.global-batch", c.data.global_batch, "samples per optimizer step, summed over all ranks and micro-batches", fixed);
+  bind("data.workers", c.data.workers, "background loader threads per rank; 0 loads inline", node);
+  bind("data.prefetch", c.data.prefetch, "steps prepared ahead per rank", node);
+  bind("data.drop-last", c.data.drop_last, "drop the epoch's last, short global batch", fixed);
+  bind("data.bucket", c.data.bucket, "length bucketing: sort each window of N global batches by length; 0 = off", fixed);
 
-  bind("optim.name", c.optim.name, "adamw | lamb | sgd");
+  bind("optim.name", c.optim.name, "optimizer", fixed);
   bind("optim.lr", c.optim.lr, "peak learning rate");
   bind("optim.weight-decay", c.optim.weight_decay, "decoupled weight decay (not applied to biases)");
   bind("optim.beta1", c.optim.beta1, "adamw/lamb beta1");
@@ -105,7 +118,7 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("optim.eps", c.optim.eps, "adamw/lamb epsilon");
   bind("optim.momentum", c.optim.momentum, "sgd momentum");
   bind("optim.accum-steps", c.optim.accum_steps, "micro-batches accumulated per optimizer step");
-  bind("optim.schedule", c.optim.schedule, "constant | linear | cosine | poly (after warmup)");
+  bind("optim.schedule", c.optim.schedule, "learning-rate decay after warmup");
   bind("optim.poly-power", c.optim.poly_power, "poly schedule exponent: lr = min + (peak - min) * (1 - progress)^power");
   bind("optim.warmup-ratio", c.optim.warmup_ratio, "fraction of total steps with linear warmup from 0");
   bind("optim.min-lr-ratio", c.optim.min_lr_ratio, "final lr as a fraction of optim.lr (linear, cosine, poly)");
@@ -117,27 +130,27 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("eval.max-samples", c.eval.max_samples, "evaluate on the first N samples only; 0 = all");
 
   bind("log.every-steps", c.log.every_steps, "console and metrics.jsonl line every N steps");
-  bind("log.tensorboard", c.log.tensorboard, "write TensorBoard scalars to RUN_DIR/tensorboard/");
-  bind("log.sample-ids", c.log.sample_ids, "debug: write every rank's sample ids per step to RUN_DIR/sample-ids/");
+  bind("log.tensorboard", c.log.tensorboard, "write TensorBoard scalars to RUN_DIR/tensorboard/", node);
+  bind("log.sample-ids", c.log.sample_ids, "debug: write every rank's sample ids per step to RUN_DIR/sample-ids/", node);
 
   bind("ckpt.every-steps", c.ckpt.every_steps, "checkpoint every N steps; 0 = only at the end");
   bind("ckpt.keep", c.ckpt.keep, "checkpoints kept");
 
-  bind("dist.timeout", c.dist.timeout, "seconds any collective may take before the job fails");
+  bind("dist.timeout", c.dist.timeout, "seconds any collective may take before the job fails", node);
   bind("dist.bucket-cap-mb", c.dist.bucket_cap_mb, "gradient all-reduce bucket size, MiB");
-  bind("dist.grad-compression", c.dist.grad_compression, "none | bf16 | fp16: gradient dtype on the wire");
+  bind("dist.grad-compression", c.dist.grad_compression, "gradient dtype on the wire");
 
-  bind("model.name", c.model.name, "mlp | cnn | bert");
-  bind("model.hidden", c.model.hidden, "hidden width");
-  bind("model.dropout", c.model.dropout, "dropout probability (bert: hidden dropout)");
-  bind("model.layers", c.model.layers, "bert: transformer layers");
-  bind("model.heads", c.model.heads, "bert: attention heads; must divide model.hidden");
-  bind("model.intermediate", c.model.intermediate, "bert: feed-forward width; 0 = 4 * model.hidden");
-  bind("model.max-positions", c.model.max_positions, "bert: position embeddings, the longest sequence");
-  bind("model.type-vocab", c.model.type_vocab, "bert: segment (token type) embeddings");
-  bind("model.vocab-size", c.model.vocab_size, "bert: vocabulary; 0 = the data's (manifest.json or vocab.txt)");
-  bind("model.attention-dropout", c.model.attention_dropout, "bert: dropout on attention probabilities");
-  bind("model.init", c.model.init, "start from these weights (model.safetensors, export, checkpoint or run dir); '' = fresh");
+  bind("model.name", c.model.name, "model: mlp | cnn (image tasks), bert, or one the program registered", fixed);
+  bind("model.hidden", c.model.hidden, "hidden width", fixed);
+  bind("model.dropout", c.model.dropout, "dropout probability (bert: hidden dropout)", fixed);
+  bind("model.layers", c.model.layers, "bert: transformer layers", fixed);
+  bind("model.heads", c.model.heads, "bert: attention heads; must divide model.hidden", fixed);
+  bind("model.intermediate", c.model.intermediate, "bert: feed-forward width; 0 = 4 * model.hidden", fixed);
+  bind("model.max-positions", c.model.max_positions, "bert: position embeddings, the longest sequence", fixed);
+  bind("model.type-vocab", c.model.type_vocab, "bert: segment (token type) embeddings", fixed);
+  bind("model.vocab-size", c.model.vocab_size, "bert: vocabulary; 0 = the data's (manifest.json or vocab.txt)", fixed);
+  bind("model.attention-dropout", c.model.attention_dropout, "bert: dropout on attention probabilities", fixed);
+  bind("model.init", c.model.init, "start from these weights (model.safetensors, export, checkpoint or run dir); '' = fresh", fixed);
 }
 
 ConfigBinding::~ConfigBinding() = default;
@@ -146,6 +159,77 @@ std::vector<std::string> ConfigBinding::keys() const {
   std::vector<std::string> out;
   for (const auto& k : keys_) out.push_back(k->name);
   return out;
+}
+
+KeyScope ConfigBinding::scope(const std::string& key) const {
+  for (const auto& k : keys_) {
+    if (k->name == key) return k->scope;
+  }
+  return KeyScope::kShared;
+}
+
+namespace {
+
+// The scopes, from a binding of its own.
+KeyScope scope_of(const std::string& key) {
+  static const auto* const binding = [] {
+    static CLI::App app;
+    static Config cfg;
+    return new ConfigBinding(app, cfg);
+  }();
+  return binding->scope(key);
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> read_config_values(const std::string& toml_text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::istringstream in(toml_text);
+  std::string section;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    if (line.front() == '[' && line.back() == ']') {
+      section = line.substr(1, line.size() - 2);
+      continue;
+    }
+    auto eq = line.find(" = ");
+    if (eq == std::string::npos) continue;
+    out.emplace_back(section + "." + line.substr(0, eq), line.substr(eq + 3));
+  }
+  return out;
+}
+
+std::string shared_config(const std::string& toml_text) {
+  std::string out;
+  for (const auto& [key, value] : read_config_values(toml_text)) {
+    if (scope_of(key) != KeyScope::kPerNode) out += key + "=" + value + "\n";
+  }
+  return out;
+}
+
+std::vector<std::string> check_resume_config(const std::string& saved_toml, const std::string& current_toml) {
+  std::map<std::string, std::string> saved;
+  for (auto& [k, v] : read_config_values(saved_toml)) saved[k] = v;
+  std::vector<std::string> changes;
+  for (auto& [key, value] : read_config_values(current_toml)) {
+    auto it = saved.find(key);
+    if (it == saved.end() || it->second == value) continue;
+    COHORT_CHECK(scope_of(key) != KeyScope::kFixed, ConfigError, "cannot resume: ", key, " was ", it->second,
+                 " in the checkpoint but is ", value,
+                 " now; it changes what is trained. Resume with the original value or start a new run");
+    changes.push_back(key + ": " + it->second + " -> " + value);
+  }
+  return changes;
+}
+
+Config load_config(const std::string& path) {
+  CLI::App app;
+  Config cfg;
+  ConfigBinding binding(app, cfg);
+  app.parse(std::vector<std::string>{});
+  binding.apply_file(path);
+  validate(cfg);
+  return cfg;
 }
 
 void ConfigBinding::apply_file(const std::string& path) {
@@ -185,6 +269,8 @@ void ConfigBinding::apply_file(const std::string& path) {
     } catch (const CLI::Error&) {
       throw UsageError(detail::cat("config ", path, ": key '", name, "': cannot use '",
                                    item.inputs[0], "' (expected ", opt->get_type_name(), ")"));
+    } catch (const ConfigError& e) {
+      throw ConfigError(detail::cat("config ", path, ": ", e.what()));
     }
   }
 }
@@ -212,16 +298,6 @@ void require(bool ok, const char* key, const T& value, const char* what) {
   COHORT_CHECK(ok, ConfigError, key, " ", what, " (got ", value, ")");
 }
 
-void require_one_of(const std::string& value, const char* key,
-                    std::initializer_list<const char*> allowed) {
-  std::string list;
-  for (const char* a : allowed) {
-    if (value == a) return;
-    list += list.empty() ? a : detail::cat(" | ", a);
-  }
-  throw ConfigError(detail::cat(key, " must be one of ", list, " (got '", value, "')"));
-}
-
 }  // namespace
 
 void validate(const Config& c) {
@@ -230,9 +306,7 @@ void validate(const Config& c) {
   require(c.train.max_steps == -1 || c.train.max_steps >= 1, "train.max-steps", c.train.max_steps,
           "must be >= 1, or -1 to run train.epochs epochs");
   require(c.train.epochs >= 1, "train.epochs", c.train.epochs, "must be >= 1");
-  require_one_of(c.train.device, "train.device", {"auto", "cpu", "cuda"});
   require(c.train.threads >= 0, "train.threads", c.train.threads, "must be >= 0");
-  require_one_of(c.train.precision, "train.precision", {"fp32", "bf16", "fp16", "auto"});
 
   require(!c.data.path.empty(), "data.path", "''", "must not be empty");
   require(c.data.global_batch >= 1, "data.global-batch", c.data.global_batch, "must be >= 1");
@@ -240,7 +314,6 @@ void validate(const Config& c) {
   require(c.data.prefetch >= 1, "data.prefetch", c.data.prefetch, "must be >= 1");
   require(c.data.bucket >= 0, "data.bucket", c.data.bucket, "must be >= 0");
 
-  require_one_of(c.optim.name, "optim.name", {"adamw", "lamb", "sgd"});
   require(c.optim.lr > 0, "optim.lr", c.optim.lr, "must be > 0");
   require(c.optim.weight_decay >= 0, "optim.weight-decay", c.optim.weight_decay, "must be >= 0");
   require(c.optim.beta1 >= 0 && c.optim.beta1 < 1, "optim.beta1", c.optim.beta1, "must be in [0, 1)");
@@ -250,7 +323,6 @@ void validate(const Config& c) {
   require(c.optim.accum_steps >= 1, "optim.accum-steps", c.optim.accum_steps, "must be >= 1");
   require(c.optim.accum_steps <= c.data.global_batch, "optim.accum-steps", c.optim.accum_steps,
           "must be <= data.global-batch, or some micro-batches would be empty");
-  require_one_of(c.optim.schedule, "optim.schedule", {"constant", "linear", "cosine", "poly"});
   require(c.optim.poly_power > 0, "optim.poly-power", c.optim.poly_power, "must be > 0");
   require(c.optim.warmup_ratio >= 0 && c.optim.warmup_ratio < 1, "optim.warmup-ratio",
           c.optim.warmup_ratio, "must be in [0, 1)");
@@ -266,7 +338,6 @@ void validate(const Config& c) {
   require(c.ckpt.keep >= 1, "ckpt.keep", c.ckpt.keep, "must be >= 1");
   require(c.dist.timeout > 0, "dist.timeout", c.dist.timeout, "must be > 0 seconds");
   require(c.dist.bucket_cap_mb > 0, "dist.bucket-cap-mb", c.dist.bucket_cap_mb, "must be > 0");
-  require_one_of(c.dist.grad_compression, "dist.grad-compression", {"none", "bf16", "fp16"});
 
   require(c.model.hidden >= 1, "model.hidden", c.model.hidden, "must be >= 1");
   require(c.model.dropout >= 0 && c.model.dropout < 1, "model.dropout", c.model.dropout, "must be in [0, 1)");

@@ -1,4 +1,5 @@
-// defines: TrainOptions ... DistOptions, Config, ConfigBinding, validate
+// defines: TrainOptions ... ModelOptions, Config, KeyScope, ConfigBinding, validate,
+//          read_config_values, shared_config, check_resume_config, load_config
 //
 // One typed options struct per subsystem, defaults inline. Every field is a
 // config key `section.key`: settable as `--section.key VALUE` on the command
@@ -10,7 +11,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "cohort/config/choice.hpp"
 
 namespace CLI {
 class App;
@@ -24,9 +28,9 @@ struct TrainOptions {
   int64_t max_steps = -1;    // -1: run `epochs` full epochs
   int64_t epochs = 1;
   uint64_t seed = 1;
-  std::string device = "auto";  // auto | cpu | cuda
+  DeviceKind device = DeviceKind::kAuto;
   int threads = 0;           // intra-op threads per rank; 0: cores / local ranks
-  std::string precision = "fp32";  // fp32 | bf16 | fp16 (CUDA) | auto
+  Precision precision = Precision::kFp32;  // fp16: CUDA only
 };
 
 struct DataOptions {
@@ -39,7 +43,7 @@ struct DataOptions {
 };
 
 struct OptimOptions {
-  std::string name = "adamw";  // adamw | lamb | sgd
+  OptimizerKind name = OptimizerKind::kAdamW;
   double lr = 1e-3;
   double weight_decay = 0.01;
   double beta1 = 0.9;
@@ -47,7 +51,7 @@ struct OptimOptions {
   double eps = 1e-8;
   double momentum = 0.9;       // sgd only
   int64_t accum_steps = 1;     // micro-batches per optimizer step
-  std::string schedule = "linear";  // constant | linear | cosine | poly
+  Schedule schedule = Schedule::kLinear;
   double poly_power = 1.0;     // poly: (1 - progress)^power
   double warmup_ratio = 0.0;   // fraction of total steps spent warming up
   double min_lr_ratio = 0.0;   // final lr as a fraction of lr (linear, cosine)
@@ -75,7 +79,7 @@ struct CkptOptions {
 struct DistOptions {
   double timeout = 300.0;     // seconds any collective may take
   double bucket_cap_mb = 25.0;
-  std::string grad_compression = "none";  // none | bf16 | fp16 on the wire
+  Compression grad_compression = Compression::kNone;  // dtype on the wire
 };
 
 struct ModelOptions {
@@ -109,6 +113,13 @@ struct Config {
 // key and the rejected value.
 void validate(const Config& cfg);
 
+// Where a key's value must agree. kShared: the same on every rank (checked
+// at start-up), free to change on resume. kPerNode: may differ between
+// ranks and on resume (threads, device, loader, data location, timeouts,
+// output files). kFixed: the same on every rank and refused on resume: it
+// defines what is trained, on which samples, in which order.
+enum class KeyScope { kShared, kPerNode, kFixed };
+
 // Declares one CLI11 option per config key on `app`, bound to `cfg`'s fields.
 // Both `app` and `cfg` must outlive the binding.
 class ConfigBinding {
@@ -126,10 +137,28 @@ class ConfigBinding {
 
   // Every key, `section.key`, in declaration order.
   std::vector<std::string> keys() const;
+  KeyScope scope(const std::string& key) const;
 
  private:
   struct Key;
   std::vector<std::unique_ptr<Key>> keys_;
 };
+
+// A resolved config.toml (as to_toml writes it) as key -> TOML literal,
+// e.g. "optim.lr" -> "0.001".
+std::vector<std::pair<std::string, std::string>> read_config_values(const std::string& toml_text);
+
+// The lines of a resolved config that every rank must share (all but the
+// kPerNode keys): what the start-up check hashes.
+std::string shared_config(const std::string& toml_text);
+
+// Compares the config a checkpoint was written with to the one resuming it.
+// Changing a kFixed key is a ConfigError naming the key and both values;
+// other changes are returned as lines to report ("optim.lr: 0.001 -> 0.0005").
+std::vector<std::string> check_resume_config(const std::string& saved_toml, const std::string& current_toml);
+
+// A config file (a run's config.toml, or any --config file) over the
+// defaults, validated. Throws UsageError or ConfigError naming the file.
+Config load_config(const std::string& path);
 
 }  // namespace cohort

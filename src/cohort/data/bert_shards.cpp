@@ -16,6 +16,8 @@
 #include <utility>
 
 #include "cohort/core/error.hpp"
+#include "cohort/core/files.hpp"
+#include "cohort/data/manifest.hpp"
 
 namespace cohort {
 
@@ -207,11 +209,7 @@ void write_bert_shard(const std::string& path, const BertRows& rows, const BertS
     std::remove(tmp.c_str());
     throw;
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    std::remove(tmp.c_str());
-    throw DataError(detail::cat(path, ": cannot rename ", tmp, " into place (", std::strerror(err), ")"));
-  }
+  commit_file(tmp, path);
 }
 
 // --- finding the shards ----------------------------------------------------------
@@ -393,25 +391,6 @@ ShardShape inspect(const std::string& path) {
   COHORT_CHECK(s.p >= 1, DataError, path, ": dataset 'masked_lm_positions' has shape ",
                shape_str(dims[kMaskedPositions]), "; expected P >= 1");
   return s;
-}
-
-int64_t read_vocab_size(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "manifest.json").string();
-  std::error_code ec;
-  if (!fs::exists(path, ec)) return -1;
-  std::ifstream in(path);
-  COHORT_CHECK(in.good(), DataError, path, ": cannot open");
-  nlohmann::json j;
-  try {
-    in >> j;
-  } catch (const nlohmann::json::exception& e) {
-    throw DataError(detail::cat(path, ": not valid JSON (", detail::first_line(e.what()), ")"));
-  }
-  if (!j.is_object() || !j.contains("vocab_size")) return -1;
-  const auto& v = j["vocab_size"];
-  COHORT_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1, DataError, path,
-               ": 'vocab_size' must be a positive integer, got ", v.dump());
-  return v.get<int64_t>();
 }
 
 // The end of row `r`'s real content: one past its last real token or masked
@@ -704,7 +683,7 @@ BertShards::BertShards(const std::string& dir, const std::string& split, BertSha
   }
   m.starts.push_back(m.info.rows);
   m.info.files = static_cast<int64_t>(m.files.size());
-  m.info.vocab_size = read_vocab_size(dir);
+  if (auto manifest = read_manifest(dir)) m.info.vocab_size = manifest->vocab_size;
 }
 
 BertShards::~BertShards() {

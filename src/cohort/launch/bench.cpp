@@ -13,6 +13,8 @@
 
 #include "cohort/build_info.hpp"
 #include "cohort/ckpt/checkpoint.hpp"
+#include "cohort/config/config.hpp"
+#include "cohort/data/manifest.hpp"
 #include "cohort/train/precision.hpp"
 #include "cohort/core/error.hpp"
 
@@ -72,30 +74,27 @@ std::string peer_script(const std::string& name) {
 // resolved config.toml, and for BERT the data's manifest (sequence length,
 // predictions, vocabulary).
 std::string peer_command(const fs::path& run_dir, int ranks, const BenchOptions& o) {
-  auto cfg = read_config_file((run_dir / "config.toml").string());
-  std::string model = config_value(cfg, "model.name");
+  Config cfg = load_config((run_dir / "config.toml").string());
+  const ModelOptions& m = cfg.model;
   std::string common = " --ranks " + std::to_string(ranks) + " --batch " + std::to_string(o.per_rank_batch) +
                        " --steps " + std::to_string(o.steps) + " --threads " + std::to_string(o.threads_per_rank) +
-                       " --hidden " + config_value(cfg, "model.hidden");
+                       " --hidden " + std::to_string(m.hidden);
   const std::string python = quote(COHORT_PYTHON) + " ";
-  if (model == "mlp") return python + quote(peer_script("ddp_mlp.py")) + common;
-  COHORT_CHECK(model == "bert", UsageError, "--peer pytorch mirrors the mlp and bert models (this config has model.name ",
-               model, ")");
-  auto manifest_path = fs::path(config_value(cfg, "data.path")) / "manifest.json";
-  std::ifstream mf(manifest_path);
-  COHORT_CHECK(mf.good(), UsageError, "--peer pytorch needs ", manifest_path.string(),
+  if (m.name == "mlp") return python + quote(peer_script("ddp_mlp.py")) + common;
+  COHORT_CHECK(m.name == "bert", UsageError, "--peer pytorch mirrors the mlp and bert models (this config has model.name ",
+               m.name, ")");
+  auto manifest = read_manifest(cfg.data.path);
+  COHORT_CHECK(manifest && manifest->max_seq_length > 0 && manifest->max_predictions > 0, UsageError,
+               "--peer pytorch needs ", (fs::path(cfg.data.path) / "manifest.json").string(),
                " (shards made by cohort prepare) for the sequence shape");
-  auto manifest = nlohmann::json::parse(mf);
-  std::string vocab = config_value(cfg, "model.vocab-size");
-  if (vocab == "0") vocab = std::to_string(manifest.at("vocab_size").get<int64_t>());
-  std::string precision = resolve_precision(config_value(cfg, "train.precision"), c10::Device(torch::kCPU));
-  return python + quote(peer_script("bert_pretrain.py")) + common + " --layers " +
-         config_value(cfg, "model.layers") + " --heads " + config_value(cfg, "model.heads") + " --intermediate " +
-         config_value(cfg, "model.intermediate") + " --vocab " + vocab + " --seq " +
-         std::to_string(manifest.at("max_seq_length").get<int64_t>()) + " --predictions " +
-         std::to_string(manifest.at("max_predictions").get<int64_t>()) + " --precision " + precision +
+  int64_t vocab = m.vocab_size > 0 ? m.vocab_size : data_vocab_size(cfg.data.path);
+  Precision precision = resolve_precision(cfg.train.precision, c10::Device(torch::kCPU));
+  return python + quote(peer_script("bert_pretrain.py")) + common + " --layers " + std::to_string(m.layers) +
+         " --heads " + std::to_string(m.heads) + " --intermediate " + std::to_string(m.intermediate) +
+         " --vocab " + std::to_string(vocab) + " --seq " + std::to_string(manifest->max_seq_length) +
+         " --predictions " + std::to_string(manifest->max_predictions) + " --precision " + name_of(precision) +
          " --model mirror --mlm masked" +  // the same computation as Cohort's model
-         " --data " + quote(config_value(cfg, "data.path"));  // the same shards, trimmed the same way
+         " --data " + quote(cfg.data.path);  // the same shards, trimmed the same way
 }
 
 // N network namespaces joined by a bridge in a switch namespace of their own

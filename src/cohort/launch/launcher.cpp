@@ -11,8 +11,8 @@
 #include <cstring>
 
 #include "cohort/core/error.hpp"
-#include "cohort/dist/rendezvous.hpp"
-#include "cohort/dist/store.hpp"
+#include "cohort/distributed/rendezvous.hpp"
+#include "cohort/distributed/store.hpp"
 
 namespace cohort {
 

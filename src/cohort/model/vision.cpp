@@ -7,6 +7,7 @@
 
 #include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/core/registry.hpp"
 
 namespace cohort {
 
@@ -54,32 +55,28 @@ ImageModel wrap(std::shared_ptr<Impl> m) {
   return {m, [m](const torch::Tensor& x) { return m->forward(x); }};
 }
 
-using Factory = std::function<ImageModel(const ModelOptions&, const ImageModelSpec&)>;
-
-// Adding a model: write its Module above and register it here.
-const std::map<std::string, Factory>& registry() {
-  static const std::map<std::string, Factory> r = {
-      {"mlp", [](auto& o, auto& s) { return wrap(std::make_shared<MlpImpl>(o, s)); }},
-      {"cnn", [](auto& o, auto& s) { return wrap(std::make_shared<CnnImpl>(o, s)); }},
-  };
+// Adding a model here: write its Module above and list it below. A program
+// built on the library calls register_image_model instead.
+Registry<ImageModelFactory>& models() {
+  static Registry<ImageModelFactory> r(
+      "model.name", {{"mlp", [](auto& o, auto& s) { return wrap(std::make_shared<MlpImpl>(o, s)); }},
+                     {"cnn", [](auto& o, auto& s) { return wrap(std::make_shared<CnnImpl>(o, s)); }}});
   return r;
 }
 
 }  // namespace
 
-std::vector<std::string> image_model_names() {
-  std::vector<std::string> names;
-  for (const auto& [name, f] : registry()) names.push_back(name);
-  return names;
+void register_image_model(const std::string& name, ImageModelFactory factory) {
+  models().add(name, std::move(factory));
 }
 
+std::vector<std::string> image_model_names() { return models().names(); }
+
 ImageModel make_image_model(const ModelOptions& opts, const ImageModelSpec& spec) {
-  auto it = registry().find(opts.name);
-  COHORT_CHECK(it != registry().end(), ConfigError, "model.name must be one of ", detail::join(image_model_names()),
-               " for image tasks (got '", opts.name, "')");
+  auto factory = models().get(opts.name, " for image tasks");
   COHORT_CHECK(spec.height >= 4 && spec.width >= 4, DataError, "images of ", spec.height, "x",
                spec.width, " are too small for model ", opts.name);
-  return it->second(opts, spec);
+  return factory(opts, spec);
 }
 
 }  // namespace cohort

@@ -1,4 +1,5 @@
-// defines: ImageModelSpec, make_image_model
+// defines: ImageModelSpec, ImageModel, ImageModelFactory, register_image_model,
+//          make_image_model, image_model_names
 //
 // Small classifiers for single-channel images (Fashion-MNIST's 28x28):
 //   mlp: flatten -> Linear(hidden) -> ReLU -> Dropout -> Linear(hidden) -> ReLU -> Linear(classes)
@@ -29,7 +30,13 @@ struct ImageModel {
   std::function<torch::Tensor(const torch::Tensor&)> forward;
 };
 
-// Builds model.name. Throws ConfigError listing the known names.
+using ImageModelFactory = std::function<ImageModel(const ModelOptions& opts, const ImageModelSpec& spec)>;
+
+// Makes `name` a model.name for image tasks. Call it before the config is
+// used. UsageError when the name is taken.
+void register_image_model(const std::string& name, ImageModelFactory factory);
+
+// Builds model.name. Throws ConfigError listing the registered names.
 ImageModel make_image_model(const ModelOptions& opts, const ImageModelSpec& spec);
 
 // Names make_image_model accepts.

@@ -30,7 +30,6 @@
 #include <vector>
 
 #include "cohort/data/bert_rows.hpp"
-#include "cohort/text/prepare.hpp"
 #include "cohort/text/wordpiece.hpp"
 
 #include "cohort/core/random.hpp"
@@ -38,6 +37,9 @@
 namespace cohort::text {
 
 using cohort::Rng;
+
+// One document: its sentences (or lines), in order.
+using Document = std::vector<std::string>;
 
 // A seed for one independent stream, mixed from (seed, a, b) with splitmix64.
 uint64_t stream_seed(uint64_t seed, uint64_t a, uint64_t b);

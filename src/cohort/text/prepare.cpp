@@ -10,6 +10,7 @@
 #include <system_error>
 
 #include "cohort/core/error.hpp"
+#include "cohort/core/files.hpp"
 #include "cohort/core/version.hpp"
 #include "cohort/data/bert_rows.hpp"
 #include "cohort/text/instances.hpp"
@@ -31,16 +32,16 @@ void validate(const PrepareOptions& o) {
     COHORT_CHECK(o.vocab_size > specials, UsageError, "--vocab-size must be more than the ", specials,
                  " special tokens, got ", o.vocab_size);
   }
-  COHORT_CHECK(o.max_seq_length >= 8 && o.max_seq_length <= 65536, UsageError,
-               "--max-seq-length must be in [8, 65536], got ", o.max_seq_length);
-  COHORT_CHECK(o.max_predictions >= 1 && o.max_predictions < o.max_seq_length, UsageError,
-               "--max-predictions must be at least 1 and less than --max-seq-length (", o.max_seq_length, "), got ",
-               o.max_predictions);
-  COHORT_CHECK(o.masked_lm_prob >= 0 && o.masked_lm_prob <= 1, UsageError,
-               "--masked-lm-prob must be in [0, 1], got ", o.masked_lm_prob);
-  COHORT_CHECK(o.short_seq_prob >= 0 && o.short_seq_prob <= 1, UsageError,
-               "--short-seq-prob must be in [0, 1], got ", o.short_seq_prob);
-  COHORT_CHECK(o.dupe_factor >= 1, UsageError, "--dupe-factor must be at least 1, got ", o.dupe_factor);
+  COHORT_CHECK(o.instances.max_seq_length >= 8 && o.instances.max_seq_length <= 65536, UsageError,
+               "--max-seq-length must be in [8, 65536], got ", o.instances.max_seq_length);
+  COHORT_CHECK(o.instances.max_predictions >= 1 && o.instances.max_predictions < o.instances.max_seq_length, UsageError,
+               "--max-predictions must be at least 1 and less than --max-seq-length (", o.instances.max_seq_length, "), got ",
+               o.instances.max_predictions);
+  COHORT_CHECK(o.instances.masked_lm_prob >= 0 && o.instances.masked_lm_prob <= 1, UsageError,
+               "--masked-lm-prob must be in [0, 1], got ", o.instances.masked_lm_prob);
+  COHORT_CHECK(o.instances.short_seq_prob >= 0 && o.instances.short_seq_prob <= 1, UsageError,
+               "--short-seq-prob must be in [0, 1], got ", o.instances.short_seq_prob);
+  COHORT_CHECK(o.instances.dupe_factor >= 1, UsageError, "--dupe-factor must be at least 1, got ", o.instances.dupe_factor);
   COHORT_CHECK(o.valid_fraction >= 0 && o.valid_fraction < 1, UsageError, "--valid-fraction must be in [0, 1), got ",
                o.valid_fraction);
   COHORT_CHECK(o.test_fraction >= 0 && o.test_fraction < 1, UsageError, "--test-fraction must be in [0, 1), got ",
@@ -49,7 +50,7 @@ void validate(const PrepareOptions& o) {
                "--valid-fraction plus --test-fraction must be less than 1 (train needs documents), got ",
                o.valid_fraction + o.test_fraction);
   COHORT_CHECK(o.rows_per_shard >= 1, UsageError, "--rows-per-shard must be at least 1, got ", o.rows_per_shard);
-  COHORT_CHECK(o.threads >= 0, UsageError, "--threads must be 0 (every core) or more, got ", o.threads);
+  COHORT_CHECK(o.instances.threads >= 0, UsageError, "--threads must be 0 (every core) or more, got ", o.instances.threads);
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -109,20 +110,6 @@ void reset_out_dir(const std::string& dir) {
   COHORT_CHECK(!ec, DataError, dir, ": cannot create (", ec.message(), ")");
 }
 
-void write_json_atomically(const fs::path& path, const nlohmann::json& j) {
-  fs::path tmp = path;
-  tmp += ".tmp";
-  {
-    std::ofstream f(tmp);
-    f << j.dump(2) << "\n";
-    f.flush();
-    COHORT_CHECK(f.good(), DataError, tmp.string(), ": cannot write");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  COHORT_CHECK(!ec, DataError, path.string(), ": cannot write (", ec.message(), ")");
-}
-
 struct SplitResult {
   int64_t documents = 0;
   int64_t rows = 0;
@@ -167,7 +154,7 @@ void run_prepare(const PrepareOptions& o) {
   }
   COHORT_CHECK(!docs.empty(), DataError, detail::join(o.inputs, ", "), ": no documents (no non-blank lines)");
 
-  const std::vector<int8_t> split_of = assign_splits(docs.size(), o.valid_fraction, o.test_fraction, o.seed);
+  const std::vector<int8_t> split_of = assign_splits(docs.size(), o.valid_fraction, o.test_fraction, o.instances.seed);
 
   if (o.vocab.empty()) {
     std::vector<std::string> texts;
@@ -178,7 +165,7 @@ void run_prepare(const PrepareOptions& o) {
     VocabBuildOptions vo;
     vo.size = o.vocab_size;
     vo.lowercase = o.lowercase;
-    vo.threads = o.threads;
+    vo.threads = o.instances.threads;
     if (!o.quiet) vo.progress = [&report](const std::string& msg) { report.line(msg); };
     vocab = build_vocab(texts, vo);
     report.line("vocabulary: ", vocab.size(), " tokens (", fixed(report.elapsed(), 1), " s)");
@@ -204,19 +191,12 @@ void run_prepare(const PrepareOptions& o) {
       report.line("tokenized ", done.load(), "/", docs.size(), " documents, ",
                   fixed(static_cast<double>(bytes.load()) / 1e6 / dt, 2), " MB/s, ", fixed(report.elapsed(), 1), " s");
     };
-    tokenized = tokenize_documents(docs, wp, o.threads, &done, &bytes, tick);
+    tokenized = tokenize_documents(docs, wp, o.instances.threads, &done, &bytes, tick);
     tick();
   }
   std::vector<Document>().swap(docs);
 
-  InstanceOptions io;
-  io.max_seq_length = o.max_seq_length;
-  io.max_predictions = o.max_predictions;
-  io.masked_lm_prob = o.masked_lm_prob;
-  io.short_seq_prob = o.short_seq_prob;
-  io.dupe_factor = o.dupe_factor;
-  io.whole_word_mask = o.whole_word_mask;
-  io.threads = o.threads;
+  InstanceOptions io = o.instances;
 
   SplitResult results[3];
   int64_t total_tokens = 0, unk_tokens = 0;
@@ -241,17 +221,17 @@ void run_prepare(const PrepareOptions& o) {
 
     // Each split draws from its own streams; instances are shuffled within
     // the split, as the reference shuffles all of its instances.
-    io.seed = stream_seed(o.seed, 0x1257a7ull, static_cast<uint64_t>(s));
+    io.seed = stream_seed(o.instances.seed, 0x1257a7ull, static_cast<uint64_t>(s));
     std::atomic<int64_t> done{0};
-    const int64_t tasks = r.documents * o.dupe_factor;
-    report.line(name, ": making instances from ", r.documents, " documents x ", o.dupe_factor, " rounds");
+    const int64_t tasks = r.documents * o.instances.dupe_factor;
+    report.line(name, ": making instances from ", r.documents, " documents x ", o.instances.dupe_factor, " rounds");
     std::vector<Instance> instances = make_instances(split_docs, masking, io, &done, [&] {
       report.line(name, ": ", done.load(), "/", tasks, " document rounds, ", fixed(report.elapsed(), 1), " s");
     });
     std::vector<TokenDocument>().swap(split_docs);
     std::vector<size_t> order(instances.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    Rng(stream_seed(o.seed, 0x5f0ff1eull, static_cast<uint64_t>(s))).shuffle(order);
+    Rng(stream_seed(o.instances.seed, 0x5f0ff1eull, static_cast<uint64_t>(s))).shuffle(order);
     r.rows = static_cast<int64_t>(instances.size());
 
     std::error_code ec;
@@ -260,8 +240,8 @@ void run_prepare(const PrepareOptions& o) {
     for (int64_t first = 0; first < r.rows; first += o.rows_per_shard, ++r.shards) {
       const int64_t last = std::min(r.rows, first + o.rows_per_shard);
       BertRows rows;
-      rows.seq_len = o.max_seq_length;
-      rows.max_predictions = o.max_predictions;
+      rows.seq_len = o.instances.max_seq_length;
+      rows.max_predictions = o.instances.max_predictions;
       const auto n = static_cast<size_t>(last - first);
       rows.input_ids.reserve(n * static_cast<size_t>(rows.seq_len));
       rows.input_mask.reserve(n * static_cast<size_t>(rows.seq_len));
@@ -293,16 +273,16 @@ void run_prepare(const PrepareOptions& o) {
       {"vocab_size", vocab.size()},
       {"vocab_source", o.vocab.empty() ? std::string("built") : o.vocab},
       {"lowercase", o.lowercase},
-      {"max_seq_length", o.max_seq_length},
-      {"max_predictions", o.max_predictions},
-      {"masked_lm_prob", o.masked_lm_prob},
-      {"short_seq_prob", o.short_seq_prob},
-      {"dupe_factor", o.dupe_factor},
-      {"whole_word_mask", o.whole_word_mask},
+      {"max_seq_length", o.instances.max_seq_length},
+      {"max_predictions", o.instances.max_predictions},
+      {"masked_lm_prob", o.instances.masked_lm_prob},
+      {"short_seq_prob", o.instances.short_seq_prob},
+      {"dupe_factor", o.instances.dupe_factor},
+      {"whole_word_mask", o.instances.whole_word_mask},
       {"valid_fraction", o.valid_fraction},
       {"test_fraction", o.test_fraction},
       {"rows_per_shard", o.rows_per_shard},
-      {"seed", o.seed},
+      {"seed", o.instances.seed},
       {"splits", splits},
       {"tokens", total_tokens},
       {"unk_fraction", unk_fraction},
@@ -310,7 +290,7 @@ void run_prepare(const PrepareOptions& o) {
       {"inputs", inputs},
       {"seconds", std::round(seconds * 10) / 10},
   };
-  write_json_atomically(out / "manifest.json", manifest);
+  write_file_atomically((out / "manifest.json").string(), manifest.dump(2) + "\n");
 
   if (!o.quiet) {
     const int64_t docs_total = results[0].documents + results[1].documents + results[2].documents;
@@ -320,8 +300,8 @@ void run_prepare(const PrepareOptions& o) {
                 static_cast<long long>(results[2].documents));
     std::printf("  instances  train %lld, valid %lld, test %lld (length %lld, %lld predictions)\n",
                 static_cast<long long>(results[0].rows), static_cast<long long>(results[1].rows),
-                static_cast<long long>(results[2].rows), static_cast<long long>(o.max_seq_length),
-                static_cast<long long>(o.max_predictions));
+                static_cast<long long>(results[2].rows), static_cast<long long>(o.instances.max_seq_length),
+                static_cast<long long>(o.instances.max_predictions));
     std::printf("  tokens     %lld, [UNK] %s%% (vocabulary %d)\n", static_cast<long long>(total_tokens),
                 fixed(unk_fraction * 100, 3).c_str(), vocab.size());
     std::printf("  time       %s s, %s of text, %s MB/s\n", fixed(seconds, 1).c_str(), megabytes(text_bytes).c_str(),

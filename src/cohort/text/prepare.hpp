@@ -1,4 +1,4 @@
-// defines: PrepareOptions, Document, read_text_documents, read_gcide_documents,
+// defines: PrepareOptions, read_text_documents, read_gcide_documents,
 //          gcide_sentences, run_prepare (instances: text/instances.hpp)
 //
 // `cohort prepare`: raw text -> vocabulary -> BERT pretraining instances in
@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "cohort/text/instances.hpp"
+
 namespace cohort::text {
 
 struct PrepareOptions {
@@ -18,23 +20,16 @@ struct PrepareOptions {
   std::string vocab;                // existing vocab.txt; empty: build one
   int32_t vocab_size = 30522;
   bool lowercase = true;
-  int64_t max_seq_length = 128;
-  int64_t max_predictions = 20;
-  double masked_lm_prob = 0.15;
-  double short_seq_prob = 0.1;
-  int64_t dupe_factor = 5;
-  bool whole_word_mask = false;
+  // Sequence shape and masking. Its seed and threads serve the whole run:
+  // the split assignment and each split's instances derive their streams
+  // from the seed.
+  InstanceOptions instances;
   double valid_fraction = 0.01;  // of documents
   double test_fraction = 0.01;
   int64_t rows_per_shard = 65536;
-  uint64_t seed = 12345;
-  int threads = 0;  // 0: every core
   bool quiet = false;
   bool overwrite = false;  // replace what an earlier run wrote to `out`
 };
-
-// One document: its sentences (or lines), in order.
-using Document = std::vector<std::string>;
 
 // Text files: one sentence per line, a blank line between documents.
 // Gzip-compressed files are read too. DataError naming the file.

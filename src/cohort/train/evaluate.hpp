@@ -1,4 +1,4 @@
-// defines: evaluate
+// defines: EvalRun, evaluate, evaluate_report, evaluate_checkpoint
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,11 @@ namespace cohort {
 
 class Comm;
 class Task;
+struct Config;
+struct EvalOptions;
+struct EvalReport;
+struct RunOptions;
+struct RunSummary;
 
 struct EvalRun {
   int64_t batch = 512;        // samples per forward, per rank
@@ -21,5 +26,14 @@ struct EvalRun {
 // all ranks: the result is the same for every world size. Collective: every
 // rank calls it. Throws DataError when `data` is empty.
 Tally evaluate(Task& task, const Dataset& data, Comm& comm, const EvalRun& run);
+
+// evaluate() as reported: the split, the sample count and the task's
+// metrics, at `step`. Collective.
+EvalReport evaluate_report(Task& task, const Dataset& data, Comm& comm, const EvalOptions& opts, int64_t step);
+
+// `cohort eval`: the model of checkpoint run.resume, evaluated on
+// cfg.eval.split; one eval line goes to the reporter (by default the
+// console and RUN_DIR/metrics.jsonl). Nothing else in the run changes.
+RunSummary evaluate_checkpoint(const Config& cfg, Comm& comm, const RunOptions& run);
 
 }  // namespace cohort

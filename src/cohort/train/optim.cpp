@@ -25,41 +25,46 @@ LrSchedule LrSchedule::from(const OptimOptions& o, int64_t total_steps) {
 
 double LrSchedule::at(int64_t step) const {
   if (step < warmup) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup);
-  if (kind == "constant") return peak;
   double span = static_cast<double>(std::max<int64_t>(1, total - warmup));
   double p = std::clamp(static_cast<double>(step - warmup) / span, 0.0, 1.0);
-  double shape = kind == "cosine" ? 0.5 * (1.0 + std::cos(M_PI * p))
-                 : kind == "poly" ? std::pow(1.0 - p, power)
-                                  : 1.0 - p;
+  double shape = 1.0;
+  switch (kind) {
+    case Schedule::kConstant: return peak;
+    case Schedule::kLinear: shape = 1.0 - p; break;
+    case Schedule::kCosine: shape = 0.5 * (1.0 + std::cos(M_PI * p)); break;
+    case Schedule::kPoly: shape = std::pow(1.0 - p, power); break;
+  }
   return peak * (min_ratio + (1.0 - min_ratio) * shape);
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimOptions& o, torch::nn::Module& module) {
+namespace {
+
+// Two parameter groups: with weight decay and (1-D parameters) without.
+template <class Options>
+std::vector<torch::optim::OptimizerParamGroup> decay_groups(torch::nn::Module& module, const Options& base,
+                                                            double weight_decay) {
   std::vector<torch::Tensor> decay, no_decay;
   for (auto& p : module.parameters()) {
     if (!p.requires_grad()) continue;
     (p.dim() >= 2 ? decay : no_decay).push_back(p);
   }
-  if (o.name == "adamw" || o.name == "lamb") {
-    auto base = torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps);
-    std::vector<torch::optim::OptimizerParamGroup> groups;
-    groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
-                                   torch::optim::AdamWOptions(base).weight_decay(o.weight_decay)));
-    groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
-                                      torch::optim::AdamWOptions(base).weight_decay(0.0)));
-    if (o.name == "lamb") return std::make_unique<Lamb>(std::move(groups), base);
-    return std::make_unique<FusedAdamW>(std::move(groups), base);
-  }
-  if (o.name == "sgd") {
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<Options>(Options(base).weight_decay(weight_decay)));
+  groups.emplace_back(no_decay, std::make_unique<Options>(Options(base).weight_decay(0.0)));
+  return groups;
+}
+
+}  // namespace
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimOptions& o, torch::nn::Module& module) {
+  if (o.name == OptimizerKind::kSgd) {
     auto base = torch::optim::SGDOptions(o.lr).momentum(o.momentum);
-    std::vector<torch::optim::OptimizerParamGroup> groups;
-    groups.emplace_back(decay, std::make_unique<torch::optim::SGDOptions>(
-                                   torch::optim::SGDOptions(base).weight_decay(o.weight_decay)));
-    groups.emplace_back(no_decay, std::make_unique<torch::optim::SGDOptions>(
-                                      torch::optim::SGDOptions(base).weight_decay(0.0)));
-    return std::make_unique<torch::optim::SGD>(std::move(groups), base);
+    return std::make_unique<torch::optim::SGD>(decay_groups(module, base, o.weight_decay), base);
   }
-  throw ConfigError(detail::cat("optim.name must be one of adamw | lamb | sgd (got '", o.name, "')"));
+  auto base = torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps);
+  auto groups = decay_groups(module, base, o.weight_decay);
+  if (o.name == OptimizerKind::kLamb) return std::make_unique<Lamb>(std::move(groups), base);
+  return std::make_unique<FusedAdamW>(std::move(groups), base);
 }
 
 namespace {

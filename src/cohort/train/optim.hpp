@@ -9,6 +9,8 @@
 #include <memory>
 #include <string>
 
+#include "cohort/config/choice.hpp"
+
 namespace cohort {
 
 struct OptimOptions;
@@ -21,7 +23,7 @@ struct OptimOptions;
 //   cosine  min + (peak-min) * (1+cos(pi p))/2
 //   poly    min + (peak-min) * (1-p)^power      (fairseq's polynomial_decay)
 struct LrSchedule {
-  std::string kind = "linear";
+  Schedule kind = Schedule::kLinear;
   double peak = 1e-3;
   int64_t warmup = 0;
   int64_t total = 1;

@@ -23,24 +23,24 @@ bool cpu_has_amx_bf16() {
   return has;
 }
 
-std::string resolve_precision(const std::string& requested, const c10::Device& device) {
-  if (requested == "auto") {
-    if (device.is_cuda()) return "fp16";
-    return cpu_has_amx_bf16() ? "bf16" : "fp32";
+Precision resolve_precision(Precision requested, const c10::Device& device) {
+  if (requested == Precision::kAuto) {
+    if (device.is_cuda()) return Precision::kFp16;
+    return cpu_has_amx_bf16() ? Precision::kBf16 : Precision::kFp32;
   }
-  COHORT_CHECK(!(requested == "fp16" && device.is_cpu()), ConfigError,
+  COHORT_CHECK(!(requested == Precision::kFp16 && device.is_cpu()), ConfigError,
                "train.precision fp16 needs a CUDA device (libtorch has no fp16 autocast on CPU); "
                "use bf16 or auto on CPU");
   return requested;
 }
 
-AutocastScope::AutocastScope(const std::string& precision, const c10::Device& device) {
-  if (precision == "fp32") return;
+AutocastScope::AutocastScope(Precision precision, const c10::Device& device) {
+  if (precision == Precision::kFp32) return;
   device_ = device.is_cuda() ? at::kCUDA : at::kCPU;
   was_enabled_ = at::autocast::is_autocast_enabled(device_);
   was_dtype_ = at::autocast::get_autocast_dtype(device_);
   at::autocast::set_autocast_enabled(device_, true);
-  at::autocast::set_autocast_dtype(device_, precision == "fp16" ? at::kHalf : at::kBFloat16);
+  at::autocast::set_autocast_dtype(device_, precision == Precision::kFp16 ? at::kHalf : at::kBFloat16);
   active_ = true;
 }
 

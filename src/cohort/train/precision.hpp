@@ -11,15 +11,17 @@
 
 #include <string>
 
+#include "cohort/config/choice.hpp"
+
 namespace cohort {
 
-// train.precision -> "fp32" | "bf16" | "fp16". "auto" is fp16 on CUDA, bf16 on
+// train.precision -> fp32, bf16 or fp16 (never auto). auto is fp16 on CUDA, bf16 on
 // a CPU with AMX, fp32 otherwise: with libtorch 2.x's MKL, fp32 matrix
 // products outrun AVX512-BF16's (on a 2-core AVX512-BF16 Xeon, 360 against
 // 165 GFLOP/s at 2048², and a bert-tiny step 35% faster in fp32). Throws
 // ConfigError for fp16 on CPU (use bf16 there: fp16's range needs loss scaling,
 // and CPUs without AVX512-FP16 emulate it slowly).
-std::string resolve_precision(const std::string& requested, const c10::Device& device);
+Precision resolve_precision(Precision requested, const c10::Device& device);
 
 // True when /proc/cpuinfo lists amx_bf16 (Sapphire Rapids and later).
 bool cpu_has_amx_bf16();
@@ -31,7 +33,7 @@ double grad_norm(torch::nn::Module& module);
 // Autocast on for the scope's lifetime when precision is bf16 or fp16.
 class AutocastScope {
  public:
-  AutocastScope(const std::string& precision, const c10::Device& device);
+  AutocastScope(Precision precision, const c10::Device& device);
   ~AutocastScope();
   AutocastScope(const AutocastScope&) = delete;
   AutocastScope& operator=(const AutocastScope&) = delete;

@@ -1,39 +1,29 @@
 #include "cohort/train/task.hpp"
 
-#include <functional>
-#include <map>
 
 #include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/core/registry.hpp"
 #include "cohort/train/tasks/registry.hpp"
 
 namespace cohort {
 
 namespace {
 
-using Factory = std::function<std::unique_ptr<Task>(const Config&, const World&)>;
-
-const std::map<std::string, Factory>& registry() {
-  static const std::map<std::string, Factory> r = {
-      {"bert-pretrain", make_bert_pretrain_task},
-      {"image-classify", make_image_classify_task},
-  };
+Registry<TaskFactory>& tasks() {
+  static Registry<TaskFactory> r("train.task", {{"bert-pretrain", make_bert_pretrain_task},
+                                                {"image-classify", make_image_classify_task}});
   return r;
 }
 
 }  // namespace
 
-std::vector<std::string> task_names() {
-  std::vector<std::string> names;
-  for (const auto& [name, f] : registry()) names.push_back(name);
-  return names;
-}
+void register_task(const std::string& name, TaskFactory factory) { tasks().add(name, std::move(factory)); }
+
+std::vector<std::string> task_names() { return tasks().names(); }
 
 std::unique_ptr<Task> make_task(const Config& cfg, const World& world) {
-  auto it = registry().find(cfg.train.task);
-  COHORT_CHECK(it != registry().end(), ConfigError, "train.task must be one of ", detail::join(task_names()),
-               " (got '", cfg.train.task, "')");
-  return it->second(cfg, world);
+  return tasks().get(cfg.train.task)(cfg, world);
 }
 
 Tally Task::empty_tally() const {

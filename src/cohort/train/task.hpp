@@ -1,11 +1,13 @@
-// defines: TaskOutput, Task, make_task, task_names
+// defines: TaskOutput, Units, Task, TaskFactory, register_task, make_task, task_names
 //
 // A task bundles a model, its data, its loss and its metrics, and is
 // registered by name (train.task). The trainer only sees this interface.
+// A program adds its own with register_task (see examples/extend/).
 #pragma once
 
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -69,7 +71,15 @@ class Task {
 // A tally's mean, 0 when its count is 0 (a rank with an empty share).
 double mean_or_zero(const Tally& tally, const std::string& name);
 
-// Builds train.task on world.device. Throws ConfigError for an unknown name.
+// Builds a task from the config, on world.device.
+using TaskFactory = std::function<std::unique_ptr<Task>(const Config& cfg, const World& world)>;
+
+// Makes `name` a train.task. Call it before the config is used (in main,
+// before cohort::cli_main). UsageError when the name is taken.
+void register_task(const std::string& name, TaskFactory factory);
+
+// Builds train.task on world.device. Throws ConfigError for an unknown name,
+// listing the registered ones.
 std::unique_ptr<Task> make_task(const Config& cfg, const World& world);
 std::vector<std::string> task_names();
 

@@ -11,7 +11,8 @@
 #include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/data/bert_shards.hpp"
-#include "cohort/dist/world.hpp"
+#include "cohort/data/manifest.hpp"
+#include "cohort/distributed/world.hpp"
 #include "cohort/model/bert.hpp"
 #include "cohort/train/tasks/registry.hpp"
 
@@ -21,23 +22,11 @@ namespace {
 
 namespace F = torch::nn::functional;
 
-// The vocabulary size the data was made with: manifest.json, else the lines
-// of vocab.txt beside the shards, else 0 (unknown).
-int64_t data_vocab_size(const std::string& dir, const BertShards& shards) {
-  if (shards.info().vocab_size > 0) return shards.info().vocab_size;
-  std::ifstream in(std::filesystem::path(dir) / "vocab.txt");
-  if (!in) return 0;
-  int64_t lines = 0;
-  std::string line;
-  while (std::getline(in, line)) ++lines;
-  return lines;
-}
-
 class BertPretrainTask : public Task {
  public:
   BertPretrainTask(const Config& cfg, const World& world)
       : dir_(cfg.data.path), train_(std::make_shared<BertShards>(cfg.data.path, "train")), device_(world.device) {
-    int64_t data_vocab = data_vocab_size(dir_, *train_);
+    int64_t data_vocab = data_vocab_size(dir_);
     BertConfig bc = BertConfig::from(cfg.model, data_vocab);
     check_against_data(bc, data_vocab);
     model_ = BertForPretraining(bc);

@@ -4,7 +4,7 @@
 
 #include "cohort/config/config.hpp"
 #include "cohort/data/idx.hpp"
-#include "cohort/dist/world.hpp"
+#include "cohort/distributed/world.hpp"
 #include "cohort/model/vision.hpp"
 #include "cohort/train/tasks/registry.hpp"
 

@@ -4,8 +4,8 @@
 #include <chrono>
 
 #include "cohort/core/error.hpp"
-#include "cohort/dist/comm.hpp"
-#include "cohort/dist/rendezvous.hpp"
+#include "cohort/distributed/comm.hpp"
+#include "cohort/distributed/rendezvous.hpp"
 #include "helpers.hpp"
 
 using namespace cohort;
@@ -21,7 +21,7 @@ CommOptions quick(int timeout_s = 30) {
   CommOptions o;
   o.timeout = std::chrono::seconds(timeout_s);
   o.heartbeat = std::chrono::milliseconds(200);
-  o.device = "cpu";
+  o.device = DeviceKind::kCpu;
   return o;
 }
 

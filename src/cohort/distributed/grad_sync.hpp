@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "cohort/config/choice.hpp"
+
 namespace cohort {
 
 class Comm;
@@ -29,7 +31,7 @@ void all_reduce_gradients(Comm& comm, torch::nn::Module& module);
 struct GradSyncOptions {
   int64_t bucket_cap_bytes = 25 << 20;   // dist.bucket-cap-mb
   int64_t first_bucket_bytes = 1 << 20;  // small, so communication starts early
-  std::string compression = "none";      // none | bf16 | fp16 on the wire
+  Compression compression = Compression::kNone;  // dtype on the wire
 };
 
 // A bucketed gradient reducer that overlaps communication with backward.

@@ -8,6 +8,8 @@
 
 #include <string>
 
+#include "cohort/config/choice.hpp"
+
 namespace cohort {
 
 struct World {
@@ -21,8 +23,8 @@ struct World {
   bool is_main() const { return rank == 0; }
 };
 
-// train.device "auto" | "cpu" | "cuda" -> the device for this local rank:
+// train.device -> the device for this local rank:
 // GPU `local_rank` when CUDA is present (auto) or asked for, else the CPU.
-c10::Device resolve_device(const std::string& name, int local_rank);
+c10::Device resolve_device(DeviceKind kind, int local_rank);
 
 }  // namespace cohort

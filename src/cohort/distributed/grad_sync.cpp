@@ -1,11 +1,11 @@
-#include "cohort/dist/grad_sync.hpp"
+#include "cohort/distributed/grad_sync.hpp"
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
 #include "cohort/core/error.hpp"
-#include "cohort/dist/comm.hpp"
+#include "cohort/distributed/comm.hpp"
 
 namespace cohort {
 
@@ -54,8 +54,6 @@ struct GradSync::Hook : torch::autograd::FunctionPostHook {
 };
 
 GradSync::GradSync(Comm& comm, torch::nn::Module& module, GradSyncOptions opts) : comm_(comm), opts_(opts) {
-  COHORT_CHECK(opts_.compression == "none" || opts_.compression == "bf16" || opts_.compression == "fp16",
-               ConfigError, "dist.grad-compression must be one of none | bf16 | fp16 (got '", opts_.compression, "')");
   COHORT_CHECK(opts_.bucket_cap_bytes > 0, ConfigError, "dist.bucket-cap-mb must be > 0");
   for (auto& p : module.parameters()) {
     if (p.requires_grad()) params_.push_back(p);
@@ -144,8 +142,8 @@ void GradSync::launch(size_t b) {
     offset += p.numel();
   }
   torch::Tensor wire = storage_[b];
-  if (opts_.compression == "bf16") wire = wire.to(torch::kBFloat16);
-  if (opts_.compression == "fp16") wire = wire.to(torch::kFloat16);
+  if (opts_.compression == Compression::kBf16) wire = wire.to(torch::kBFloat16);
+  if (opts_.compression == Compression::kFp16) wire = wire.to(torch::kFloat16);
   wire_[b] = wire;
   pending_.push_back(comm_.all_reduce_sum_async(wire_[b], "gradient all-reduce"));
   ++collectives_;
@@ -163,7 +161,7 @@ void GradSync::finalize() {
   sync_ = false;
   lock.unlock();
   for (auto& wait : pending) wait();
-  if (opts_.compression == "none") return;  // reduced in place, in the grads
+  if (opts_.compression == Compression::kNone) return;  // reduced in place, in the grads
   for (size_t b = 0; b < buckets_.size(); ++b) storage_[b].copy_(wire_[b]);
 }
 

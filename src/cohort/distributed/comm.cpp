@@ -1,4 +1,4 @@
-#include "cohort/dist/comm.hpp"
+#include "cohort/distributed/comm.hpp"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -16,7 +16,7 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/sha256.hpp"
-#include "cohort/dist/store.hpp"
+#include "cohort/distributed/store.hpp"
 
 namespace cohort {
 
@@ -141,7 +141,7 @@ struct Comm::Impl {
 Comm::Comm() = default;
 Comm::~Comm() = default;
 
-std::unique_ptr<Comm> Comm::single(const std::string& device) {
+std::unique_ptr<Comm> Comm::single(DeviceKind device) {
   std::unique_ptr<Comm> c(new Comm());
   c->world_.device = resolve_device(device, 0);
   return c;

@@ -1,5 +1,6 @@
-#include "cohort/dist/rendezvous.hpp"
+#include "cohort/distributed/rendezvous.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "cohort/core/error.hpp"
@@ -118,69 +119,100 @@ std::string slurm_first_host(const std::string& nodelist) {
   return first.substr(0, open) + range.substr(0, stop);
 }
 
+namespace {
+
+// The variables a launcher or scheduler sets, each under its own names.
+struct SchedulerVars {
+  const char* source;
+  const char* rank;
+  const char* world_size;
+  const char* local_rank;
+  const char* local_world_size;
+  const char* node_rank;
+  bool all_set;  // every variable is always set (Cohort's own launcher)
+};
+
+constexpr SchedulerVars kLauncher{"launcher", "COHORT_RANK", "COHORT_WORLD_SIZE", "COHORT_LOCAL_RANK",
+                                  "COHORT_LOCAL_WORLD_SIZE", "COHORT_NODE_RANK", true};
+constexpr SchedulerVars kTorchrun{"env://", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                  false};
+constexpr SchedulerVars kSlurm{"SLURM", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
+                               "SLURM_NODEID", false};
+constexpr SchedulerVars kOpenMpi{"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                 "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                 "OMPI_COMM_WORLD_NODE_RANK", false};
+
+// Rank, sizes and node from `v`'s variables. An optional local rank is 0, an
+// optional local world size `default_local` (or local rank + 1 when that is
+// negative), an optional node rank -1 (the caller fills it in).
+RankSpec read_vars(const Env& env, const SchedulerVars& v, const std::string& hint, int default_local = 1) {
+  RankSpec s;
+  s.source = v.source;
+  s.rank = get_int(env, v.rank, hint);
+  s.world_size = get_int(env, v.world_size, hint);
+  s.local_rank = v.all_set ? get_int(env, v.local_rank, hint) : get_int_or(env, v.local_rank, 0);
+  s.local_world_size = v.all_set ? get_int(env, v.local_world_size, hint)
+                                 : get_int_or(env, v.local_world_size, default_local < 0 ? s.local_rank + 1 : default_local);
+  s.node_rank = get_int_or(env, v.node_rank, -1);
+  s.host_store = s.rank == 0;
+  return s;
+}
+
+bool present(const Env& env, const SchedulerVars& v) { return find(env, v.rank) && find(env, v.world_size); }
+
+// SLURM_TASKS_PER_NODE is "4(x2),3": the local count is this node's entry,
+// which SLURM_NTASKS_PER_NODE gives only when every node has the same.
+int slurm_tasks_on_node(const std::string& per_node, int node_rank, int fallback) {
+  int node = 0;
+  for (size_t i = 0; i < per_node.size();) {
+    size_t j = per_node.find(',', i);
+    std::string part = per_node.substr(i, j == std::string::npos ? std::string::npos : j - i);
+    int count = parse_int(part.substr(0, part.find('(')), "SLURM_TASKS_PER_NODE");
+    int repeat = 1;
+    if (auto x = part.find("(x"); x != std::string::npos) {
+      repeat = parse_int(part.substr(x + 2, part.size() - x - 3), "SLURM_TASKS_PER_NODE");
+    }
+    if (node_rank >= node && node_rank < node + repeat) return count;
+    node += repeat;
+    if (j == std::string::npos) break;
+    i = j + 1;
+  }
+  return fallback;
+}
+
+}  // namespace
+
 std::optional<RankSpec> detect_rank_spec(const Env& env, const std::string& init_flag) {
   RankSpec s;
-  if (find(env, "COHORT_RANK")) {
+  if (find(env, kLauncher.rank)) {
     // Set by `cohort train --nproc-per-node`: the launcher already resolved
     // ranks and, on node 0, hosts the store.
-    s.source = "launcher";
-    s.rank = get_int(env, "COHORT_RANK", "");
-    s.world_size = get_int(env, "COHORT_WORLD_SIZE", "");
-    s.local_rank = get_int(env, "COHORT_LOCAL_RANK", "");
-    s.local_world_size = get_int(env, "COHORT_LOCAL_WORLD_SIZE", "");
-    s.node_rank = get_int_or(env, "COHORT_NODE_RANK", 0);
+    s = read_vars(env, kLauncher, "");
+    s.node_rank = std::max(s.node_rank, 0);
     const std::string* init = find(env, "COHORT_INIT_METHOD");
     COHORT_CHECK(init != nullptr, UsageError, "COHORT_INIT_METHOD is not set for a launched worker");
     s.init = parse_init_method(*init);
     s.host_store = false;
-  } else if (find(env, "RANK") && find(env, "WORLD_SIZE")) {
+  } else if (present(env, kTorchrun)) {
     const std::string hint = "; env:// needs MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE";
-    s.source = "env://";
-    s.rank = get_int(env, "RANK", hint);
-    s.world_size = get_int(env, "WORLD_SIZE", hint);
-    s.local_rank = get_int_or(env, "LOCAL_RANK", 0);
-    s.local_world_size = get_int_or(env, "LOCAL_WORLD_SIZE", 1);
-    s.node_rank = get_int_or(env, "GROUP_RANK", get_int_or(env, "NODE_RANK", 0));
+    s = read_vars(env, kTorchrun, hint);
+    if (s.node_rank < 0) s.node_rank = get_int_or(env, "NODE_RANK", 0);
     s.init = master_from(env, init_flag, "", hint);
-    s.host_store = s.rank == 0;
   } else if (find(env, "SLURM_PROCID") && find(env, "SLURM_NTASKS")) {
-    s.source = "SLURM";
-    s.rank = get_int(env, "SLURM_PROCID", "");
-    s.world_size = get_int(env, "SLURM_NTASKS", "");
-    s.local_rank = get_int_or(env, "SLURM_LOCALID", 0);
-    s.node_rank = get_int_or(env, "SLURM_NODEID", 0);
-    // SLURM_TASKS_PER_NODE is "4(x2),3"; the local count is the per-node
-    // value for this node, which SLURM_NTASKS_PER_NODE gives only when uniform.
-    s.local_world_size = get_int_or(env, "SLURM_NTASKS_PER_NODE", s.local_rank + 1);
+    s = read_vars(env, kSlurm, "", /*default_local=*/-1);
+    s.node_rank = std::max(s.node_rank, 0);
     if (const std::string* per = find(env, "SLURM_TASKS_PER_NODE")) {
-      int node = 0;
-      for (size_t i = 0; i < per->size();) {
-        size_t j = per->find(',', i);
-        std::string part = per->substr(i, j == std::string::npos ? std::string::npos : j - i);
-        int count = parse_int(part.substr(0, part.find('(')), "SLURM_TASKS_PER_NODE");
-        int repeat = 1;
-        if (auto x = part.find("(x"); x != std::string::npos) repeat = parse_int(part.substr(x + 2, part.size() - x - 3), "SLURM_TASKS_PER_NODE");
-        if (s.node_rank >= node && s.node_rank < node + repeat) s.local_world_size = count;
-        node += repeat;
-        if (j == std::string::npos) break;
-        i = j + 1;
-      }
+      s.local_world_size = slurm_tasks_on_node(*per, s.node_rank, s.local_world_size);
     }
     const std::string* nodes = find(env, "SLURM_JOB_NODELIST");
     if (!nodes) nodes = find(env, "SLURM_NODELIST");
     s.init = master_from(env, init_flag, nodes ? slurm_first_host(*nodes) : "",
                          "; under SLURM, SLURM_JOB_NODELIST names the master, or pass --init-method");
-    s.host_store = s.rank == 0;
-  } else if (find(env, "OMPI_COMM_WORLD_RANK") && find(env, "OMPI_COMM_WORLD_SIZE")) {
-    s.source = "Open MPI";
-    s.rank = get_int(env, "OMPI_COMM_WORLD_RANK", "");
-    s.world_size = get_int(env, "OMPI_COMM_WORLD_SIZE", "");
-    s.local_rank = get_int_or(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0);
-    s.local_world_size = get_int_or(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1);
-    s.node_rank = get_int_or(env, "OMPI_COMM_WORLD_NODE_RANK", (s.rank - s.local_rank) / s.local_world_size);
+  } else if (present(env, kOpenMpi)) {
+    s = read_vars(env, kOpenMpi, "");
+    if (s.node_rank < 0) s.node_rank = (s.rank - s.local_rank) / std::max(1, s.local_world_size);
     s.init = master_from(env, init_flag, "",
                          "; under mpirun pass -x MASTER_ADDR=HOST -x MASTER_PORT=PORT, or --init-method");
-    s.host_store = s.rank == 0;
   } else {
     return std::nullopt;
   }

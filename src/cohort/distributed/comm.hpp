@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "cohort/dist/rendezvous.hpp"
-#include "cohort/dist/world.hpp"
+#include "cohort/distributed/rendezvous.hpp"
+#include "cohort/distributed/world.hpp"
 
 namespace cohort {
 
@@ -29,14 +29,14 @@ struct CommOptions {
   std::string secret;   // shared by every process of the job; "" is a valid secret
   std::string iface;    // network interface for Gloo; "" picks one from the master address
   std::chrono::milliseconds heartbeat{1000};
-  std::string device = "auto";  // train.device
+  DeviceKind device = DeviceKind::kAuto;  // train.device
   int generation = 0;  // restart attempt: keys of earlier attempts are not seen
 };
 
 class Comm {
  public:
   // A world of one, without any network.
-  static std::unique_ptr<Comm> single(const std::string& device = "auto");
+  static std::unique_ptr<Comm> single(DeviceKind device = DeviceKind::kAuto);
   // Joins the job `spec` describes: connects to (or hosts) the store, checks
   // the secret, creates the process group and starts the heartbeat. Throws
   // DistError naming the rendezvous address on failure or timeout.

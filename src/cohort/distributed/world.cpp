@@ -1,4 +1,4 @@
-#include "cohort/dist/world.hpp"
+#include "cohort/distributed/world.hpp"
 
 #include <torch/cuda.h>
 
@@ -6,9 +6,9 @@
 
 namespace cohort {
 
-c10::Device resolve_device(const std::string& name, int local_rank) {
+c10::Device resolve_device(DeviceKind kind, int local_rank) {
   bool cuda = torch::cuda::is_available();
-  if (name == "cpu" || (name == "auto" && !cuda)) return c10::Device(c10::kCPU);
+  if (kind == DeviceKind::kCpu || (kind == DeviceKind::kAuto && !cuda)) return c10::Device(c10::kCPU);
   COHORT_CHECK(cuda, ConfigError, "train.device is 'cuda' but this libtorch has no CUDA or no GPU is visible");
   int count = static_cast<int>(torch::cuda::device_count());
   COHORT_CHECK(local_rank < count, ConfigError, "local rank ", local_rank, " needs GPU ", local_rank,

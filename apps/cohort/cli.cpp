@@ -1,0 +1,297 @@
+#include "cohort/cli.hpp"
+
+#include <CLI/CLI.hpp>
+#include <malloc.h>
+#include <unistd.h>
+#include <c10/util/Exception.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "cohort/ckpt/checkpoint.hpp"
+#include "cohort/ckpt/export.hpp"
+#include "cohort/config/config.hpp"
+#include "cohort/core/error.hpp"
+#include "cohort/core/version.hpp"
+#include "cohort/distributed/comm.hpp"
+#include "cohort/distributed/rendezvous.hpp"
+#include "cohort/launch/bench.hpp"
+#include "cohort/launch/launcher.hpp"
+#include "cohort/obs/plot.hpp"
+#include "cohort/text/prepare.hpp"
+#include "cohort/train/evaluate.hpp"
+#include "cohort/train/run.hpp"
+#include "cohort/train/runtime.hpp"
+#include "cohort/train/stop.hpp"
+#include "cohort/train/trainer.hpp"
+
+namespace cohort {
+
+namespace {
+
+int fail(const std::string& msg, int code) {
+  std::string line = msg;
+  for (char& c : line) {
+    if (c == '\n') c = ' ';
+  }
+  std::fprintf(stderr, "cohort: error: %s\n", line.c_str());
+  return code;
+}
+
+}  // namespace
+
+void configure_process(const TrainOptions& opts, const World& world) {
+  // Large tensors are allocated and freed every step. With glibc's dynamic
+  // mmap threshold each one is a fresh mmap and a page-fault storm; a fixed
+  // high threshold and a lazy trim keep them in the heap (51 ms vs 146 ms for
+  // one bf16 layer step, measured).
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  mallopt(M_TOP_PAD, 64 << 20);
+  // libtorch's default can be 1 (cpuinfo counts one physical core), so set it.
+  int cores = available_cores();
+  torch::set_num_threads(opts.threads > 0 ? opts.threads : std::max(1, cores / std::max(1, world.local_world_size)));
+}
+
+int cli_main(int argc, char** argv) {
+  CLI::App app{"Cohort: data-parallel training of transformer models across heterogeneous machines."};
+  app.set_version_flag("--version", std::string("cohort ") + kVersion);
+  app.require_subcommand(1);
+
+  CLI::App* train = app.add_subcommand("train", "Train a model. Config keys come from --config FILE.toml "
+                                                "and from --section.key flags, which win.");
+  Config cfg;
+  ConfigBinding binding(*train, cfg);
+  LaunchOptions launch;
+  TrainRequest request;
+  bool quiet = false;
+  train->add_option("--config", request.config_path, "TOML config file; command-line keys override it");
+  train->add_option("--out", request.out_dir, "run directory: config.toml, metrics.jsonl, checkpoints/");
+  train->add_option("--resume", request.resume_path,
+                    "continue from RUN_DIR's newest valid checkpoint, or from a checkpoint dir; "
+                    "its config is the base, --config and flags override harmless keys");
+  train->add_option("--max-restarts", launch.max_restarts,
+                    "restart all local ranks from the latest checkpoint when one dies, up to N times")
+      ->capture_default_str();
+  train->add_flag("--overwrite", request.overwrite, "replace a run already in --out");
+  train->add_flag("--quiet", quiet, "no console progress lines");
+
+  CLI::App* plot = app.add_subcommand("plot", "Draw RUN_DIR/metrics.jsonl as a PNG (loss, lr, throughput, eval)");
+  std::string plot_dir, plot_out;
+  plot->add_option("RUN_DIR", plot_dir, "run directory")->required();
+  plot->add_option("--output,-o", plot_out, "PNG to write (default RUN_DIR/plots.png)");
+
+  CLI::App* exporter = app.add_subcommand(
+      "export", "Write a checkpoint's weights as a standalone model directory: model.safetensors "
+                "(Hugging Face names), config.json and vocab.txt for BERT");
+  std::string export_path, export_out;
+  exporter->add_option("CHECKPOINT", export_path, "a run dir (its newest checkpoint) or a checkpoint dir")->required();
+  exporter->add_option("--out,-o", export_out, "directory to write (default RUN_DIR/export)");
+
+  CLI::App* evaluator = app.add_subcommand(
+      "eval", "Evaluate a checkpoint on a split with the run's own config; appends an eval line to "
+              "RUN_DIR/metrics.jsonl");
+  EvalRequest eval_request;
+  evaluator->add_option("CHECKPOINT", eval_request.checkpoint, "a run dir (its newest checkpoint) or a checkpoint dir")
+      ->required();
+  evaluator->add_option("--split", eval_request.split, "split to evaluate")->capture_default_str();
+  evaluator->add_option("--max-samples", eval_request.max_samples, "the first N samples only; 0 = all")
+      ->capture_default_str();
+
+  CLI::App* bench = app.add_subcommand(
+      "bench", "Weak-scaling table: a short run of a config at each rank count (per-rank batch fixed). "
+               "Extra arguments after -- go to `cohort train`");
+  BenchOptions bench_opts;
+  std::vector<std::string> bench_train_args;
+  // One token, split here: a vector option would swallow a following "--".
+  bench->add_option_function<std::string>(
+           "--ranks",
+           [&bench_opts](const std::string& list) {
+             bench_opts.ranks.clear();
+             std::stringstream in(list);
+             for (std::string item; std::getline(in, item, ',');) {
+               size_t used = 0;
+               int n = 0;
+               try {
+                 n = std::stoi(item, &used);
+               } catch (const std::exception&) {
+                 used = 0;
+               }
+               if (used != item.size() || n < 1) throw CLI::ValidationError("--ranks", "'" + item + "' is not a rank count >= 1");
+               bench_opts.ranks.push_back(n);
+             }
+           },
+           "rank counts to run, e.g. 1,2,4")
+      ->default_str("1,2");
+  bench->add_option("--per-rank-batch", bench_opts.per_rank_batch, "samples per rank per step")->capture_default_str();
+  bench->add_option("--steps", bench_opts.steps, "optimizer steps per run")->capture_default_str();
+  bench->add_option("--threads-per-rank", bench_opts.threads_per_rank, "intra-op threads per rank")
+      ->capture_default_str();
+  bench->add_option("--peer", bench_opts.peer, "also run PyTorch DDP on the same model and batch: pytorch");
+  bench->add_option("--hosts", bench_opts.hosts, "also run each rank count on N network-namespace hosts (root)")
+      ->capture_default_str();
+  bench->add_option("--netem", bench_opts.netem, "tc netem options for each host's link, e.g. 'delay 1ms rate 1gbit'");
+  bench->add_option("--out", bench_opts.out_dir, "keep the runs here (default: a temp dir, removed)");
+  bench->add_option("train-args", bench_train_args, "arguments for `cohort train` (--config, --model.*, ...)");
+  bench->allow_extras(false);
+
+  CLI::App* prepare = app.add_subcommand(
+      "prepare", "BERT pretraining data: text files or the GCIDE dictionary -> WordPiece vocabulary -> "
+                 "masked-LM/next-sentence instances -> HDF5 shards in OUT/{train,valid,test}/");
+  text::PrepareOptions prep;
+  bool prep_cased = false;
+  prepare->add_option("--input", prep.inputs,
+                      "text file (one sentence per line, a blank line between documents; .gz read too) or the "
+                      "GCIDE dictionary (.dict or .dict.dz, e.g. /usr/share/dictd/gcide.dict.dz); repeatable")
+      ->required();
+  prepare->add_option("--out", prep.out, "output directory: vocab.txt, manifest.json, train/ valid/ test/")
+      ->required();
+  prepare->add_option("--vocab", prep.vocab, "use this vocab.txt instead of building one from the training split");
+  prepare->add_option("--vocab-size", prep.vocab_size, "tokens in the vocabulary built (without --vocab)")
+      ->capture_default_str();
+  prepare->add_flag("--cased", prep_cased, "keep case and accents (default: lowercase and strip accents)");
+  prepare->add_option("--max-seq-length", prep.instances.max_seq_length, "tokens per instance, [CLS] and [SEP]s included")
+      ->capture_default_str();
+  prepare->add_option("--max-predictions", prep.instances.max_predictions, "masked-LM targets per instance, at most")
+      ->capture_default_str();
+  prepare->add_option("--masked-lm-prob", prep.instances.masked_lm_prob, "fraction of tokens to predict")
+      ->capture_default_str();
+  prepare->add_option("--short-seq-prob", prep.instances.short_seq_prob,
+                      "chance that a document aims at a shorter random length")
+      ->capture_default_str();
+  prepare->add_option("--dupe-factor", prep.instances.dupe_factor, "passes over the documents, each masked differently")
+      ->capture_default_str();
+  prepare->add_flag("--whole-word-mask", prep.instances.whole_word_mask, "mask every piece of a word or none");
+  prepare->add_option("--valid-fraction", prep.valid_fraction, "fraction of documents for the valid split")
+      ->capture_default_str();
+  prepare->add_option("--test-fraction", prep.test_fraction, "fraction of documents for the test split")
+      ->capture_default_str();
+  prepare->add_option("--rows-per-shard", prep.rows_per_shard, "instances per HDF5 file")->capture_default_str();
+  prepare->add_option("--seed", prep.instances.seed, "the same seed and inputs give the same shards, on any thread count")
+      ->capture_default_str();
+  prepare->add_option("--threads", prep.instances.threads, "worker threads; 0: every core")->capture_default_str();
+  prepare->add_flag("--quiet", prep.quiet, "no progress lines and no summary");
+  prepare->add_flag("--overwrite", prep.overwrite, "replace what an earlier run wrote to --out");
+
+  // Per-node launch flags: not config keys, since they differ between nodes.
+  // HetSeq's spellings are accepted as aliases.
+  CommOptions comm_opts;
+  const std::string dist_group = "Distributed (per node; HetSeq spellings accepted)";
+  train->add_option("--nproc-per-node,--distributed-gpus", launch.nproc_per_node,
+                    "ranks to start on this node (one per GPU, or CPU ranks)")
+      ->capture_default_str()->group(dist_group);
+  train->add_option("--nnodes", launch.nnodes, "nodes in the job")->capture_default_str()->group(dist_group);
+  train->add_option("--node-rank", launch.node_rank, "this node's index, 0..nnodes-1")
+      ->capture_default_str()->group(dist_group);
+  train->add_option("--init-method,--distributed-init-method", launch.init_method,
+                    "rendezvous: tcp://HOST:PORT | file:///shared/path | env://; "
+                    "default: SLURM/Open MPI/env:// variables, else a private store on one node")
+      ->group(dist_group);
+  train->add_option("--distributed-world-size", launch.world_size, "total ranks over all nodes (HetSeq)")
+      ->group(dist_group);
+  train->add_option("--distributed-rank", launch.first_rank, "first global rank on this node (HetSeq)")
+      ->group(dist_group);
+  train->add_option("--dist.secret", comm_opts.secret, "shared secret every process of the job must know")
+      ->envname("COHORT_SECRET")->group(dist_group);
+  train->add_option("--dist.iface", comm_opts.iface, "network interface for collectives (default: the one "
+                    "that reaches the master)")->envname("GLOO_SOCKET_IFNAME")->group(dist_group);
+
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string known;
+    bool found = false;
+    for (const auto* sub : app.get_subcommands({})) {
+      known += (known.empty() ? "" : ", ") + sub->get_name();
+      found = found || sub->get_name() == argv[1];
+    }
+    if (!found)
+      return fail("unknown command '" + std::string(argv[1]) + "' (commands: " + known + "; see 'cohort --help')", 2);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return fail(std::string(e.what()) + " (see 'cohort --help')", 2);
+  } catch (const Error& e) {  // a config choice that is not one of its words
+    return fail(e.what(), e.exit_code());
+  }
+
+  // In a multi-rank job, errors that do not already say which rank they are
+  // from get "rank N: " in front.
+  std::string who;
+  try {
+    if (bench->parsed()) return run_bench(bench_opts, bench_train_args);
+    if (prepare->parsed()) {
+      prep.lowercase = !prep_cased;
+      text::run_prepare(prep);
+      return 0;
+    }
+    if (evaluator->parsed()) {
+      EvalPlan plan = plan_evaluation(eval_request);
+      auto comm = Comm::single(plan.cfg.train.device);
+      configure_process(plan.cfg.train, comm->world());
+      evaluate_checkpoint(plan.cfg, *comm, plan.run);
+      return 0;
+    }
+    if (exporter->parsed()) {
+      if (export_out.empty()) {
+        std::vector<std::string> ignored;
+        export_out = (std::filesystem::path(Checkpoints::run_dir_of(Checkpoints::resolve(export_path, &ignored).dir)) /
+                      "export").string();
+      }
+      std::printf("cohort: wrote %s\n", export_model(export_path, export_out).c_str());
+      return 0;
+    }
+    if (plot->parsed()) {
+      std::printf("cohort: wrote %s\n", plot_run(plot_dir, plot_out).c_str());
+      return 0;
+    }
+    if (train->parsed()) {
+      Env env = process_env();
+      request.generation = env.count("COHORT_GENERATION") ? std::stoi(env["COHORT_GENERATION"]) : 0;
+      RunOptions run = plan_training(request, binding, cfg);
+      run.quiet = quiet;
+      run.live_progress = isatty(fileno(stdout)) != 0;
+      if (!env.count("COHORT_RANK") && wants_launcher(launch)) {
+        launch.timeout_s = cfg.dist.timeout;
+        return launch_node(launch, std::vector<std::string>(argv, argv + argc));
+      }
+      comm_opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout * 1000));
+      comm_opts.device = cfg.train.device;
+      comm_opts.generation = request.generation;
+      install_stop_handlers();
+      auto spec = detect_rank_spec(env, launch.init_method);
+      std::unique_ptr<Comm> comm = spec ? Comm::connect(*spec, comm_opts) : Comm::single(cfg.train.device);
+      if (comm->size() > 1) who = "rank " + std::to_string(comm->rank()) + ": ";
+      configure_process(cfg.train, comm->world());
+      // Testing aid for the straggler report: COHORT_DEBUG_DELAY=RANK:MS
+      // makes one rank's forward passes that much slower.
+      if (auto it = env.find("COHORT_DEBUG_DELAY"); it != env.end()) {
+        auto colon = it->second.find(':');
+        if (colon != std::string::npos && std::stoi(it->second.substr(0, colon)) == comm->rank())
+          run.debug_delay_ms = std::stoi(it->second.substr(colon + 1));
+      }
+      Trainer(cfg, *comm, run).run();
+      // Stopped by a signal: a launched worker reports success to its
+      // launcher (which exits 128+signal); a lone process says so itself.
+      if (stop_signal() != 0 && !env.count("COHORT_RANK")) return 128 + stop_signal();
+    }
+    return 0;
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    return fail(msg.rfind("rank ", 0) == 0 ? msg : who + msg, e.exit_code());
+  } catch (const c10::Error& e) {
+    return fail(who + e.what_without_backtrace(), 1);
+  } catch (const std::exception& e) {
+    return fail(who + e.what(), 1);
+  }
+}
+
+}  // namespace cohort

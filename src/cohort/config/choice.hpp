@@ -1,0 +1,82 @@
+// defines: DeviceKind, Precision, OptimizerKind, Schedule, Compression, Choices,
+//          name_of, parse_choice, choice_list
+//
+// The config keys that take one of a fixed set of words. Each is an enum
+// class with one table of its spellings: the table alone parses the key,
+// prints it back into config.toml and lists the choices in errors and help.
+// (train.task and model.name are open: their registries hold the names.)
+#pragma once
+
+#include <array>
+#include <string>
+#include <utility>
+
+#include "cohort/core/error.hpp"
+
+namespace cohort {
+
+enum class DeviceKind { kAuto, kCpu, kCuda };              // train.device
+enum class Precision { kFp32, kBf16, kFp16, kAuto };   // train.precision
+enum class OptimizerKind { kAdamW, kLamb, kSgd };          // optim.name
+enum class Schedule { kConstant, kLinear, kCosine, kPoly };  // optim.schedule
+enum class Compression { kNone, kBf16, kFp16 };        // dist.grad-compression
+
+// Choices<E>::table: every value of E with its spelling, in help order.
+template <class E>
+struct Choices;
+
+template <>
+struct Choices<DeviceKind> {
+  static constexpr std::array<std::pair<DeviceKind, const char*>, 3> table{
+      {{DeviceKind::kAuto, "auto"}, {DeviceKind::kCpu, "cpu"}, {DeviceKind::kCuda, "cuda"}}};
+};
+template <>
+struct Choices<Precision> {
+  static constexpr std::array<std::pair<Precision, const char*>, 4> table{
+      {{Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"}, {Precision::kFp16, "fp16"}, {Precision::kAuto, "auto"}}};
+};
+template <>
+struct Choices<OptimizerKind> {
+  static constexpr std::array<std::pair<OptimizerKind, const char*>, 3> table{
+      {{OptimizerKind::kAdamW, "adamw"}, {OptimizerKind::kLamb, "lamb"}, {OptimizerKind::kSgd, "sgd"}}};
+};
+template <>
+struct Choices<Schedule> {
+  static constexpr std::array<std::pair<Schedule, const char*>, 4> table{{{Schedule::kConstant, "constant"},
+                                                                          {Schedule::kLinear, "linear"},
+                                                                          {Schedule::kCosine, "cosine"},
+                                                                          {Schedule::kPoly, "poly"}}};
+};
+template <>
+struct Choices<Compression> {
+  static constexpr std::array<std::pair<Compression, const char*>, 3> table{
+      {{Compression::kNone, "none"}, {Compression::kBf16, "bf16"}, {Compression::kFp16, "fp16"}}};
+};
+
+template <class E>
+const char* name_of(E value) {
+  for (const auto& [v, name] : Choices<E>::table) {
+    if (v == value) return name;
+  }
+  return "?";
+}
+
+// "fp32 | bf16 | fp16 | auto"
+template <class E>
+std::string choice_list() {
+  std::string out;
+  for (const auto& [v, name] : Choices<E>::table) out += (out.empty() ? "" : " | ") + std::string(name);
+  return out;
+}
+
+// The value spelled `text`. Throws ConfigError naming `key`, the text and
+// the choices.
+template <class E>
+E parse_choice(const std::string& key, const std::string& text) {
+  for (const auto& [v, name] : Choices<E>::table) {
+    if (text == name) return v;
+  }
+  throw ConfigError(detail::cat(key, " must be one of ", choice_list<E>(), " (got '", text, "')"));
+}
+
+}  // namespace cohort

@@ -1,0 +1,50 @@
+#include "cohort/data/manifest.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "cohort/core/error.hpp"
+
+namespace cohort {
+
+namespace fs = std::filesystem;
+
+std::optional<DataManifest> read_manifest(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "manifest.json").string();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::nullopt;
+  std::ifstream in(path);
+  COHORT_CHECK(in.good(), DataError, path, ": cannot open");
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(detail::cat(path, ": not valid JSON (", detail::first_line(e.what()), ")"));
+  }
+  COHORT_CHECK(j.is_object(), DataError, path, ": expected a JSON object");
+  DataManifest m;
+  auto field = [&](const char* name, int64_t& out) {
+    if (!j.contains(name)) return;
+    const auto& v = j[name];
+    COHORT_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1, DataError, path, ": '", name,
+                 "' must be a positive integer, got ", v.dump());
+    out = v.get<int64_t>();
+  };
+  field("vocab_size", m.vocab_size);
+  field("max_seq_length", m.max_seq_length);
+  field("max_predictions", m.max_predictions);
+  return m;
+}
+
+int64_t data_vocab_size(const std::string& dir) {
+  if (auto m = read_manifest(dir); m && m->vocab_size > 0) return m->vocab_size;
+  std::ifstream in(fs::path(dir) / "vocab.txt");
+  if (!in) return 0;
+  int64_t lines = 0;
+  for (std::string line; std::getline(in, line);) ++lines;
+  return lines;
+}
+
+}  // namespace cohort

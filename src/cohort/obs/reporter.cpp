@@ -1,0 +1,126 @@
+#include "cohort/obs/reporter.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+
+namespace cohort {
+
+namespace {
+
+nlohmann::json to_json(const TrainReport& r) {
+  nlohmann::json line = {{"kind", "train"}, {"step", r.step},       {"epoch", r.epoch},
+                         {"lr", r.lr},      {"samples", r.samples}, {"tokens_per_s", r.units_per_s}};
+  for (const auto& [name, value] : r.metrics) line[name] = value;
+  nlohmann::json phases = nlohmann::json::object();
+  for (const auto& [name, ms] : r.phase_ms) phases[name] = ms;
+  line["phase_ms"] = phases;
+  line["slowest_rank"] = r.slowest_rank;
+  return line;
+}
+
+nlohmann::json to_json(const EvalReport& r) {
+  nlohmann::json line = {{"kind", "eval"}, {"step", r.step}, {"split", r.split}, {"count", r.count}};
+  for (const auto& [name, value] : r.metrics) line[name] = value;
+  return line;
+}
+
+}  // namespace
+
+std::string format_metrics(const Metrics& metrics) {
+  std::string out;
+  char buf[96];
+  for (const auto& [name, value] : metrics) {
+    std::snprintf(buf, sizeof buf, "  %s %.4f", name.c_str(), value);
+    out += buf;
+  }
+  return out;
+}
+
+double metric_value(const Metrics& metrics, const std::string& name) {
+  for (const auto& [n, v] : metrics) {
+    if (n == name) return v;
+  }
+  return 0.0;
+}
+
+double eta_seconds(double elapsed, int64_t done, int64_t remaining) {
+  return elapsed / static_cast<double>(std::max<int64_t>(1, done)) * static_cast<double>(remaining);
+}
+
+void ReporterFanOut::message(const std::string& line) {
+  for (auto& r : to_) r->message(line);
+}
+void ReporterFanOut::progress(const StepProgress& p) {
+  for (auto& r : to_) r->progress(p);
+}
+void ReporterFanOut::train(const TrainReport& t) {
+  for (auto& r : to_) r->train(t);
+}
+void ReporterFanOut::eval(const EvalReport& e) {
+  for (auto& r : to_) r->eval(e);
+}
+
+void ConsoleReporter::print(const std::string& line) {
+  if (bar_shown_) {
+    std::fputs("\r\033[K", stdout);  // clear the status line first
+    bar_shown_ = false;
+  }
+  std::fputs(line.c_str(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+void ConsoleReporter::message(const std::string& line) { print(line); }
+
+void ConsoleReporter::progress(const StepProgress& p) {
+  if (!live_ || p.step == p.total_steps) return;
+  auto now = std::chrono::steady_clock::now();
+  if (now - last_bar_ < std::chrono::milliseconds(100)) {
+    smoothed_loss_ = 0.9 * smoothed_loss_ + 0.1 * p.loss;
+    return;
+  }
+  last_bar_ = now;
+  smoothed_loss_ = smoothed_loss_ == 0 ? p.loss : 0.9 * smoothed_loss_ + 0.1 * p.loss;
+  if (p.units_per_s > 0) last_rate_ = p.units_per_s;
+  const int width = 24;
+  int filled = static_cast<int>(width * p.step / std::max<int64_t>(1, p.total_steps));
+  std::string bar(static_cast<size_t>(filled), '#');
+  bar.append(static_cast<size_t>(width - filled), '.');
+  std::printf("\r\033[K[%s] %lld/%lld  epoch %lld  loss %.4f  lr %.2e  %.0f %s/s  eta %s", bar.c_str(),
+              static_cast<long long>(p.step), static_cast<long long>(p.total_steps),
+              static_cast<long long>(p.epoch), smoothed_loss_, p.lr, last_rate_, p.unit.c_str(),
+              format_duration(p.eta_s).c_str());
+  std::fflush(stdout);
+  bar_shown_ = true;
+}
+
+void ConsoleReporter::train(const TrainReport& r) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "step %6lld/%lld  epoch %lld %s  lr %.2e  %.0f %s/s  eta %s",
+                static_cast<long long>(r.step), static_cast<long long>(r.total_steps),
+                static_cast<long long>(r.epoch), format_metrics(r.metrics).c_str(), r.lr, r.units_per_s,
+                r.unit.c_str(), format_duration(r.eta_s).c_str());
+  print(buf);
+}
+
+void ConsoleReporter::eval(const EvalReport& r) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "eval  step %lld  %s:%s  (%lld samples, %s)", static_cast<long long>(r.step),
+                r.split.c_str(), format_metrics(r.metrics).c_str(), static_cast<long long>(r.count),
+                format_duration(r.seconds).c_str());
+  print(buf);
+}
+
+void MetricsFileReporter::train(const TrainReport& r) { log_.write(to_json(r)); }
+void MetricsFileReporter::eval(const EvalReport& r) { log_.write(to_json(r)); }
+
+void TensorBoardReporter::train(const TrainReport& r) {
+  writer_.scalars(r.step, tensorboard_scalars("train", to_json(r)));
+}
+void TensorBoardReporter::eval(const EvalReport& r) {
+  writer_.scalars(r.step, tensorboard_scalars(r.split, to_json(r)));
+}
+
+}  // namespace cohort

@@ -1,0 +1,68 @@
+#include "cohort/train/run.hpp"
+
+#include <filesystem>
+
+#include "cohort/core/error.hpp"
+#include "cohort/core/files.hpp"
+
+namespace cohort {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+ResolvedCheckpoint resolve_checkpoint(const std::string& path, std::vector<std::string>& notes) {
+  std::vector<std::string> warnings;
+  ResolvedCheckpoint c = Checkpoints::resolve(path, &warnings);
+  for (auto& w : warnings) notes.push_back("warning: " + w);
+  return c;
+}
+
+}  // namespace
+
+RunOptions plan_training(const TrainRequest& request, ConfigBinding& binding, Config& cfg) {
+  RunOptions run;
+  run.out_dir = request.out_dir;
+  run.overwrite = request.overwrite;
+  std::string resume_path = request.resume_path;
+  if (request.generation > 0 && !run.out_dir.empty()) {
+    // A restart continues from the run's own newest checkpoint (not an older
+    // one named by --resume); without one it repeats the original start:
+    // the --resume given, or a fresh run over what the failed one wrote.
+    if (fs::exists(fs::path(run.out_dir) / "checkpoints" / "latest")) resume_path = run.out_dir;
+    else if (resume_path.empty()) run.overwrite = true;
+  }
+  if (!resume_path.empty()) {
+    run.resume = resolve_checkpoint(resume_path, run.notes);
+    if (run.out_dir.empty()) run.out_dir = Checkpoints::run_dir_of(run.resume->dir);
+  }
+  COHORT_CHECK(!run.out_dir.empty(), UsageError, "--out RUN_DIR is required (or --resume RUN_DIR)");
+  if (!request.config_path.empty()) binding.apply_file(request.config_path);
+  std::string saved_config;
+  if (run.resume) {
+    std::string path = (fs::path(run.resume->dir) / "config.toml").string();
+    binding.apply_file(path);  // the base under --config and flags
+    saved_config = read_file(path);
+  }
+  validate(cfg);
+  run.config_toml = binding.to_toml();
+  if (run.resume) {
+    for (auto& change : check_resume_config(saved_config, run.config_toml)) {
+      run.notes.push_back("config change accepted on resume: " + change);
+    }
+  }
+  return run;
+}
+
+EvalPlan plan_evaluation(const EvalRequest& request) {
+  EvalPlan plan;
+  plan.run.resume = resolve_checkpoint(request.checkpoint, plan.run.notes);
+  plan.run.out_dir = Checkpoints::run_dir_of(plan.run.resume->dir);
+  plan.cfg = load_config((fs::path(plan.run.resume->dir) / "config.toml").string());
+  plan.cfg.eval.split = request.split;
+  plan.cfg.eval.max_samples = request.max_samples;
+  validate(plan.cfg);
+  return plan;
+}
+
+}  // namespace cohort

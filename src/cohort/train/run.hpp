@@ -1,0 +1,82 @@
+// defines: RunMode, RunOptions, RunSummary, TrainRequest, plan_training,
+//          EvalRequest, EvalPlan, plan_evaluation
+//
+// The run lifecycle, decided here and nowhere else: a fresh run, an
+// overwrite, a resume, a restart by the launcher, or an evaluation of a
+// checkpoint. A plan names the run directory, the verified checkpoint to
+// continue from (verified once) and the resolved config; the Trainer and
+// evaluate_checkpoint carry it out.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cohort/ckpt/checkpoint.hpp"
+#include "cohort/config/config.hpp"
+
+namespace cohort {
+
+class Reporter;
+
+enum class RunMode { kFresh, kOverwrite, kResume };
+
+struct RunOptions {
+  std::string out_dir;       // RUN_DIR
+  std::string config_toml;   // the resolved config, written to RUN_DIR/config.toml
+  bool overwrite = false;    // a fresh run may replace the run already in out_dir
+  std::optional<ResolvedCheckpoint> resume;  // continue from this checkpoint
+  std::vector<std::string> notes;  // told at start (resume warnings, accepted changes)
+  bool quiet = false;        // no console lines
+  bool live_progress = false;  // console: redraw a progress bar (a terminal)
+  // Where rank 0 reports; null: the console (unless quiet), metrics.jsonl
+  // and (log.tensorboard) TensorBoard.
+  std::shared_ptr<Reporter> reporter;
+  int debug_delay_ms = 0;    // testing aid: sleep this long in every forward
+
+  RunMode mode() const { return resume ? RunMode::kResume : overwrite ? RunMode::kOverwrite : RunMode::kFresh; }
+};
+
+struct RunSummary {
+  int64_t steps = 0;
+  std::vector<double> step_losses;  // every step's mean loss over this rank's share
+                                    // (metrics.jsonl has the all-rank means)
+  double final_eval_loss = 0;
+  double final_eval_accuracy = 0;
+  double seconds = 0;
+};
+
+// What `cohort train` was asked.
+struct TrainRequest {
+  std::string out_dir;      // --out
+  std::string config_path;  // --config
+  std::string resume_path;  // --resume: a run dir or a checkpoint dir
+  bool overwrite = false;   // --overwrite
+  int generation = 0;       // restarts by the launcher so far (COHORT_GENERATION)
+};
+
+// Resolves a training run. A restart (generation > 0) continues from the
+// run's own newest checkpoint, or repeats the original start when there is
+// none. A resume verifies its checkpoint, takes the checkpoint's config as
+// the base under --config and the command line (`binding` was parsed from
+// it; `cfg` is its target), and refuses a changed kFixed key. Validates
+// `cfg`. UsageError/ConfigError/DataError naming what is wrong.
+RunOptions plan_training(const TrainRequest& request, ConfigBinding& binding, Config& cfg);
+
+// What `cohort eval` was asked.
+struct EvalRequest {
+  std::string checkpoint;   // a run dir (its newest checkpoint) or a checkpoint dir
+  std::string split = "test";
+  int64_t max_samples = 0;  // 0: all
+};
+
+struct EvalPlan {
+  Config cfg;               // the checkpoint's own, with eval.split and eval.max-samples set
+  RunOptions run;           // out_dir: the checkpoint's run; resume: the checkpoint
+};
+
+EvalPlan plan_evaluation(const EvalRequest& request);
+
+}  // namespace cohort

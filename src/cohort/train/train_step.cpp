@@ -1,0 +1,92 @@
+#include "cohort/train/train_step.hpp"
+
+#include <thread>
+
+#include "cohort/core/error.hpp"
+#include "cohort/distributed/comm.hpp"
+#include "cohort/distributed/grad_sync.hpp"
+#include "cohort/obs/reporter.hpp"
+#include "cohort/train/precision.hpp"
+#include "cohort/train/task.hpp"
+#include "cohort/train/train_state.hpp"
+
+namespace cohort {
+
+namespace {
+
+// Zeroes gradients in place. (libtorch's Optimizer::zero_grad detaches them
+// in place, which views into GradSync's buckets do not allow.)
+void zero_gradients(torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : module.parameters()) {
+    if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+}
+
+// Global unit counts per loss term, then the throughput count, known before
+// any backward: from the batch plan, or one small all-reduce.
+std::vector<double> global_units(const StepParts& parts, const StepBatch& batch, int64_t step) {
+  std::vector<double> units = {static_cast<double>(batch.global_samples), static_cast<double>(batch.global_samples)};
+  if (!parts.task.units_are_samples()) {
+    std::vector<double> local(parts.task.loss_terms() + 1, 0.0);
+    for (const auto& micro : batch.micro) {
+      if (micro.empty()) continue;
+      Units u = parts.task.count_units(micro);
+      for (size_t i = 0; i < u.per_term.size(); ++i) local[i] += static_cast<double>(u.per_term[i]);
+      local.back() += static_cast<double>(u.throughput);
+    }
+    units = parts.comm.all_reduce_sum(local, "unit count");
+  }
+  for (size_t i = 0; i + 1 < units.size(); ++i) {
+    COHORT_CHECK(units[i] > 0, Error, "step ", step, ": the global batch has no units for loss term ", i);
+  }
+  return units;
+}
+
+}  // namespace
+
+StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch& batch, PhaseTimer& timer) {
+  auto& module = *parts.task.module();
+  module.train();
+  zero_gradients(module);
+  std::vector<double> units = global_units(parts, batch, state.step);
+  StepResult result;
+  result.tally = parts.task.empty_tally();
+  for (size_t m = 0; m < batch.micro.size(); ++m) {
+    parts.grad_sync.prepare(/*sync=*/m + 1 == batch.micro.size());  // only the last backward communicates
+    const Example& micro = batch.micro[m];
+    if (micro.empty()) continue;
+    auto t0 = Clock::now();
+    TaskOutput out;
+    {
+      AutocastScope autocast(parts.precision, parts.device);
+      out = parts.task.forward(to_device(micro, parts.device));
+    }
+    if (parts.debug_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(parts.debug_delay_ms));
+    auto t1 = timer.lap(Phase::kForward, t0);
+    torch::Tensor loss = out.loss_sums.at(0) / units[0];
+    for (size_t i = 1; i < out.loss_sums.size(); ++i) loss = loss + out.loss_sums[i] / units[i];
+    state.scaler.scale(loss).backward();
+    timer.lap(Phase::kBackward, t1);
+    result.tally.merge(out.tally);
+  }
+  auto t_comm = Clock::now();
+  parts.grad_sync.finalize();
+  auto t_optim = timer.lap(Phase::kComm, t_comm);
+  result.units = static_cast<int64_t>(units.back());
+  result.loss = metric_value(parts.task.report(result.tally), "loss");
+  // The gradients are all-reduced, so every rank sees the same ones and takes
+  // the same decision. fp16: an overflow skips the step and lowers the loss
+  // scale. Otherwise a non-finite gradient is fatal: training has diverged.
+  if (state.scaler.unscale_and_update(module)) {
+    double norm = clip_gradients(module, parts.clip_norm);  // global: the gradients are reduced
+    COHORT_CHECK(std::isfinite(norm), Error, "step ", state.step, ": non-finite gradients (this rank's loss ",
+                 result.loss, "); lower optim.lr or enable optim.clip-norm");
+    set_lr(parts.optimizer, parts.schedule.at(state.step));
+    parts.optimizer.step();
+  }
+  timer.lap(Phase::kOptim, t_optim);
+  return result;
+}
+
+}  // namespace cohort

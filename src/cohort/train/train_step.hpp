@@ -1,0 +1,53 @@
+// defines: StepParts, StepResult, train_step
+//
+// One optimizer step, the heart of data-parallel training: forward and
+// backward over this rank's micro-batches with gradients all-reduced as
+// backward runs, then unscale, clip and step. Every loss term is divided by
+// its unit count over the whole global batch, so the gradient is the same
+// mean whatever the world size and however samples split across ranks.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+
+#include "cohort/config/choice.hpp"
+#include "cohort/data/loader.hpp"
+#include "cohort/eval/tally.hpp"
+#include "cohort/train/optim.hpp"
+#include "cohort/train/phase_timer.hpp"
+
+namespace cohort {
+
+class Comm;
+class GradSync;
+class Task;
+struct TrainState;
+
+// What a step works with; owned by the trainer.
+struct StepParts {
+  Task& task;
+  Comm& comm;
+  GradSync& grad_sync;
+  torch::optim::Optimizer& optimizer;
+  const LrSchedule& schedule;
+  Precision precision;  // resolved: fp32, bf16 or fp16
+  c10::Device device;
+  double clip_norm = 0;
+  int debug_delay_ms = 0;  // testing aid: a slow rank
+};
+
+struct StepResult {
+  double loss = 0;     // this rank's share of the step's mean loss
+  Tally tally;         // this rank's metric sums
+  int64_t units = 0;   // global throughput units (images, tokens)
+};
+
+// Takes step `state.step` on `batch` (collective: every rank calls it with
+// its share). Updates the loss scale; the caller advances the step and
+// cursor. Error naming the step when gradients are non-finite (without
+// fp16's loss scaling, that is divergence).
+StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch& batch, PhaseTimer& timer);
+
+}  // namespace cohort
