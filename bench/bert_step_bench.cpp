@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "bert_options.hpp"
 #include "cohort/config/config.hpp"
 #include "cohort/data/bert_shards.hpp"
 #include "cohort/model/bert.hpp"
@@ -26,20 +27,10 @@
 int main(int argc, char** argv) {
   using namespace cohort;
   CLI::App app{"BERT pretraining step throughput (model only, synthetic batch)"};
-  BertConfig c;
-  c.vocab_size = 30522;
-  c.hidden = 256;
-  c.layers = 4;
-  c.heads = 4;
-  c.intermediate = 0;
+  bench::BertOptions shape(app);
   int64_t seq = 128, predictions = 20, batch = 16, steps = 20;
   int threads = 1;
   std::string precision_name = "fp32", data;
-  app.add_option("--vocab", c.vocab_size)->capture_default_str();
-  app.add_option("--hidden", c.hidden)->capture_default_str();
-  app.add_option("--layers", c.layers)->capture_default_str();
-  app.add_option("--heads", c.heads)->capture_default_str();
-  app.add_option("--intermediate", c.intermediate, "0 = 4 * hidden")->capture_default_str();
   app.add_option("--seq", seq)->capture_default_str();
   app.add_option("--predictions", predictions)->capture_default_str();
   app.add_option("--batch", batch)->capture_default_str();
@@ -49,7 +40,7 @@ int main(int argc, char** argv) {
   app.add_option("--data", data, "shards from cohort prepare (train split); default: synthetic batches");
   CLI11_PARSE(app, argc, argv);
   const Precision precision = parse_choice<Precision>("--precision", precision_name);
-  if (c.intermediate == 0) c.intermediate = 4 * c.hidden;
+  const BertConfig& c = shape.resolve();
 
   torch::set_num_threads(threads);
   torch::manual_seed(1);

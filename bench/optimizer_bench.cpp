@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "bert_options.hpp"
 #include "cohort/config/config.hpp"
 #include "cohort/model/bert.hpp"
 #include "cohort/train/optim.hpp"
@@ -27,19 +28,12 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   using namespace cohort;
   CLI::App app{"AdamW step time: torch::optim::AdamW vs FusedAdamW"};
-  BertConfig c;
-  c.vocab_size = 30522;
-  c.hidden = 256;
-  c.layers = 4;
-  c.heads = 4;
+  bench::BertOptions shape(app);
   int rounds = 15, threads = 1;
-  app.add_option("--vocab", c.vocab_size)->capture_default_str();
-  app.add_option("--hidden", c.hidden)->capture_default_str();
-  app.add_option("--layers", c.layers)->capture_default_str();
   app.add_option("--rounds", rounds)->capture_default_str();
   app.add_option("--threads", threads)->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  c.intermediate = 4 * c.hidden;
+  const BertConfig& c = shape.resolve();
   torch::set_num_threads(threads);
 
   OptimOptions oo;
