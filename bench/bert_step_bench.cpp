@@ -39,7 +39,15 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision_name, "fp32 | bf16")->capture_default_str();
   app.add_option("--data", data, "shards from cohort prepare (train split); default: synthetic batches");
   CLI11_PARSE(app, argc, argv);
-  const Precision precision = parse_choice<Precision>("--precision", precision_name);
+  Precision precision = Precision::kFp32;
+  try {
+    precision = parse_choice<Precision>("--precision", precision_name);
+    COHORT_CHECK(precision == Precision::kFp32 || precision == Precision::kBf16, ConfigError,
+                 "--precision must be fp32 or bf16 on CPU (got '", precision_name, "')");
+  } catch (const Error& e) {
+    std::fprintf(stderr, "bert_step_bench: error: %s\n", e.what());
+    return 2;
+  }
   const BertConfig& c = shape.resolve();
 
   torch::set_num_threads(threads);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/files.hpp"
@@ -38,6 +39,9 @@ TEST(RunDir, FreshRefusesARunOverwriteClearsItResumeTrimsIt) {
   EXPECT_TRUE(fs::exists(tmp / "run/checkpoints/abandoned-step-20"));  // moved aside, never deleted
   EXPECT_TRUE(fs::exists(tmp / "run/checkpoints/abandoned-step-30"));
 
+  fs::remove(dir.metrics_file());  // checkpoints alone still make a run
+  EXPECT_THROW(dir.prepare(RunMode::kFresh, "", 0), UsageError);
+
   dir.prepare(RunMode::kOverwrite, "a = 3\n", 0);
   EXPECT_FALSE(fs::exists(dir.metrics_file()));
   EXPECT_FALSE(fs::exists(tmp / "run/checkpoints"));
@@ -55,14 +59,15 @@ TEST(Files, AtomicWriteReplacesWholeAndLeavesNoTemporary) {
 }
 
 TEST(Registry, ListsEveryNameAndRefusesATakenOne) {
-  Registry<int> r("thing.name", {{"b", 2}, {"a", 1}});
-  r.add("c", 3);
-  EXPECT_EQ(r.get("c"), 3);
+  Registry<std::function<int()>> r("thing.name", {{"b", [] { return 2; }}, {"a", [] { return 1; }}});
+  r.add("c", [] { return 3; });
+  EXPECT_EQ(r.get("c")(), 3);
   EXPECT_EQ(r.names(), (std::vector<std::string>{"a", "b", "c"}));
   std::string e = error_of([&] { r.get("d", " here"); });
   EXPECT_NE(e.find("thing.name must be one of a | b | c here (got 'd')"), std::string::npos) << e;
-  EXPECT_THROW(r.add("a", 9), UsageError);
-  EXPECT_EQ(r.get("a"), 1);
+  EXPECT_THROW(r.add("a", [] { return 9; }), UsageError);
+  EXPECT_THROW(r.add("e", {}), UsageError);
+  EXPECT_EQ(r.get("a")(), 1);
 }
 
 TEST(Registry, TasksAreOpenToThePrograms) {
@@ -140,4 +145,16 @@ TEST(Trainer, ReportsToTheReporterItIsGiven) {
   // Replaced, the default reporters write nothing.
   EXPECT_FALSE(fs::exists(tmp / "run/metrics.jsonl"));
   EXPECT_TRUE(fs::exists(tmp / "run/checkpoints/step-6"));
+
+  // data.path may change on resume, the data may not: the checkpoint
+  // records the training set's size.
+  std::string state = read_file(tmp / "run/checkpoints/step-6/state.json");
+  ASSERT_NE(state.find("\"train_samples\": 60000"), std::string::npos) << state;
+  write_file(tmp / "run/checkpoints/step-6/state.json",
+             state.replace(state.find("60000"), 5, "59999"));  // state.json is not among the checksummed files
+  cfg.train.max_steps = 8;
+  run.resume = Checkpoints::resolve(tmp / "run", nullptr);
+  std::string e = error_of([&] { Trainer(cfg, *comm, run); });
+  EXPECT_NE(e.find("was trained on 59999 samples but /usr/share/datasets/fashion-mnist holds 60000"),
+            std::string::npos) << e;
 }

@@ -241,11 +241,6 @@ int cli_main(int argc, char** argv) {
       return 0;
     }
     if (exporter->parsed()) {
-      if (export_out.empty()) {
-        std::vector<std::string> ignored;
-        export_out = (std::filesystem::path(Checkpoints::run_dir_of(Checkpoints::resolve(export_path, &ignored).dir)) /
-                      "export").string();
-      }
       std::printf("cohort: wrote %s\n", export_model(export_path, export_out).c_str());
       return 0;
     }

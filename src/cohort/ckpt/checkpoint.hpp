@@ -33,6 +33,7 @@ struct CheckpointState {
   Cursor cursor;
   int64_t samples_seen = 0;
   int world_size = 1;
+  int64_t train_samples = -1;  // the training set's size; -1: not recorded (older checkpoints)
 };
 
 // A checkpoint directory whose checksums were verified, and what it holds.

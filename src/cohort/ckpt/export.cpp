@@ -40,10 +40,12 @@ nlohmann::json bert_config(const SafetensorsFile& f, const ModelOptions& model) 
 
 }  // namespace
 
-std::string export_model(const std::string& path, const std::string& out_dir) {
+std::string export_model(const std::string& path, const std::string& requested_out) {
   std::vector<std::string> warnings;
   std::string dir = Checkpoints::resolve(path, &warnings).dir;  // verified
   for (const auto& w : warnings) std::fprintf(stderr, "cohort: warning: %s\n", w.c_str());
+  const std::string out_dir =
+      requested_out.empty() ? (fs::path(Checkpoints::run_dir_of(dir)) / "export").string() : requested_out;
   SafetensorsFile f = load_safetensors((fs::path(dir) / "model.safetensors").string());
   Config cfg = load_config((fs::path(dir) / "config.toml").string());
 

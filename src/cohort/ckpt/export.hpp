@@ -11,8 +11,9 @@
 
 namespace cohort {
 
-// `path` is a run dir (its newest valid checkpoint) or a checkpoint dir.
-// Returns the path of the model.safetensors written. Throws DataError for a
+// `path` is a run dir (its newest valid checkpoint) or a checkpoint dir;
+// `out_dir` "" means RUN_DIR/export beside the checkpoints. Returns the path
+// of the model.safetensors written. Throws DataError for a
 // missing or corrupt checkpoint, naming the file.
 std::string export_model(const std::string& path, const std::string& out_dir);
 

@@ -170,14 +170,14 @@ KeyScope ConfigBinding::scope(const std::string& key) const {
 
 namespace {
 
-// The scopes, from a binding of its own.
+// The scopes, from a binding of its own (members destroyed in reverse).
 KeyScope scope_of(const std::string& key) {
-  static const auto* const binding = [] {
-    static CLI::App app;
-    static Config cfg;
-    return new ConfigBinding(app, cfg);
-  }();
-  return binding->scope(key);
+  static const struct Scopes {
+    CLI::App app;
+    Config cfg;
+    ConfigBinding binding{app, cfg};
+  } scopes;
+  return scopes.binding.scope(key);
 }
 
 }  // namespace

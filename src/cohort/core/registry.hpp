@@ -30,6 +30,7 @@ class Registry {
   void add(const std::string& name, Factory factory) {
     std::lock_guard<std::mutex> lock(mutex_);
     COHORT_CHECK(!name.empty(), UsageError, key_, ": cannot register an empty name");
+    COHORT_CHECK(static_cast<bool>(factory), UsageError, key_, " '", name, "': the factory is empty");
     COHORT_CHECK(entries_.emplace(name, std::move(factory)).second, UsageError, key_, " '", name,
                  "' is registered twice");
   }

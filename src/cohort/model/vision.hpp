@@ -9,6 +9,7 @@
 
 #include <torch/nn/module.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>

@@ -21,8 +21,8 @@ std::string RunDir::sample_ids_file(int rank) const {
 std::vector<std::string> RunDir::prepare(RunMode mode, const std::string& config_toml, int64_t resumed_step) const {
   COHORT_CHECK(!path_.empty(), UsageError, "--out RUN_DIR is required");
   fs::path dir(path_);
-  COHORT_CHECK(mode != RunMode::kFresh || !fs::exists(dir / "metrics.jsonl"), UsageError, path_,
-               " already holds a run (metrics.jsonl); choose a new --out, continue it with --resume ", path_,
+  COHORT_CHECK(mode != RunMode::kFresh || !(fs::exists(dir / "metrics.jsonl") || fs::exists(dir / "checkpoints")),
+               UsageError, path_, " already holds a run (metrics.jsonl or checkpoints/); choose a new --out, continue it with --resume ", path_,
                ", or pass --overwrite");
   std::error_code ec;
   fs::create_directories(dir, ec);

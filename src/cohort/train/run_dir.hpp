@@ -28,7 +28,8 @@ class RunDir {
   std::string sample_ids_file(int rank) const;
 
   // Creates the directory and writes config.toml. kFresh refuses a directory
-  // that holds a run (UsageError naming the ways on); kOverwrite first
+  // that holds a run, metrics.jsonl or checkpoints/ (UsageError naming the
+  // ways on); kOverwrite first
   // removes the earlier run's metrics, checkpoints and sample ids; kResume
   // keeps them, drops the metrics lines after `resumed_step` (those steps
   // are trained again) and moves aside (never deletes) checkpoints newer

@@ -8,7 +8,7 @@
 
 namespace cohort {
 
-TrainState::Snapshot TrainState::capture(Comm& comm) const {
+TrainState::Snapshot TrainState::capture(Comm& comm, int64_t train_samples) const {
   torch::Tensor mine;
   {
     auto gen = at::detail::getDefaultCPUGenerator();
@@ -21,6 +21,7 @@ TrainState::Snapshot TrainState::capture(Comm& comm) const {
   s.state.cursor = cursor;
   s.state.samples_seen = samples_seen;
   s.state.world_size = comm.size();
+  s.state.train_samples = train_samples;
   for (size_t r = 0; r < states.size(); ++r) s.rng.emplace_back("rank." + std::to_string(r), states[r].to(torch::kUInt8));
   if (scaler.enabled()) s.rng.emplace_back("loss_scaler", scaler.state());
   return s;

@@ -29,7 +29,7 @@ struct TrainState {
     CheckpointState state;
     NamedTensors rng;
   };
-  Snapshot capture(Comm& comm) const;
+  Snapshot capture(Comm& comm, int64_t train_samples) const;
 
   // From a verified checkpoint: step, cursor, samples and loss scale, and
   // this rank's RNG stream when the world size is unchanged (at another

@@ -1,5 +1,6 @@
 #include "cohort/train/trainer.hpp"
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstdio>
 #include <filesystem>
@@ -30,12 +31,14 @@ namespace {
 
 std::string strf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 std::string strf(const char* fmt, ...) {
-  char buf[1024];
-  va_list args;
+  va_list args, again;
   va_start(args, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, args);
+  va_copy(again, args);
+  std::string out(static_cast<size_t>(std::max(0, std::vsnprintf(nullptr, 0, fmt, args))), '\0');
+  std::vsnprintf(out.data(), out.size() + 1, fmt, again);
+  va_end(again);
   va_end(args);
-  return buf;
+  return out;
 }
 
 // train.precision for this run. auto follows each machine's CPU; mixed
@@ -192,6 +195,10 @@ void Trainer::Parts::resume(const ResolvedCheckpoint& from) {
   load_model_weights(*task->module(), (fs::path(from.dir) / "model.safetensors").string());
   torch::load(*optimizer, (fs::path(from.dir) / "optimizer.pt").string());
   state.restore(from, world);
+  // data.path may change on resume (the data moved); the data may not.
+  COHORT_CHECK(from.state.train_samples < 0 || from.state.train_samples == task->train_set().size(), DataError,
+               from.dir, " was trained on ", from.state.train_samples, " samples but ", cfg.data.path, " holds ",
+               task->train_set().size(), ": is this the same dataset?");
   COHORT_CHECK(state.cursor.consumed < order->usable(), DataError, from.dir, ": cursor ", state.cursor.consumed,
                " is outside the epoch's ", order->usable(), " samples: is this the same dataset?");
   run.notes.push_back(strf("resumed from %s: step %lld, epoch %lld, %lld samples into the epoch (written by %d "
@@ -312,7 +319,7 @@ bool Trainer::Parts::stop_agreed() {
 
 void Trainer::Parts::save_checkpoint() {
   auto t0 = Clock::now();
-  TrainState::Snapshot snapshot = state.capture(comm);
+  TrainState::Snapshot snapshot = state.capture(comm, task->train_set().size());
   if (world.is_main()) {
     std::string dir = checkpoints->write(snapshot.state, module_tensors(*task->module()), *optimizer, snapshot.rng,
                                          run.config_toml);
