@@ -2,6 +2,7 @@
 
 #include <CLI/CLI.hpp>
 #include <malloc.h>
+#include <torch/cuda.h>
 #include <unistd.h>
 #include <c10/util/Exception.h>
 
@@ -254,12 +255,18 @@ int cli_main(int argc, char** argv) {
       RunOptions run = plan_training(request, binding, cfg);
       run.quiet = quiet;
       run.live_progress = isatty(fileno(stdout)) != 0;
+      // One rank per GPU by default, as torchrun users expect.
+      if (!env.count("COHORT_RANK") && train->count("--nproc-per-node") == 0 &&
+          cfg.train.device != DeviceKind::kCpu && torch::cuda::is_available()) {
+        launch.nproc_per_node = std::max<int>(1, static_cast<int>(torch::cuda::device_count()));
+      }
       if (!env.count("COHORT_RANK") && wants_launcher(launch)) {
         launch.timeout_s = cfg.dist.timeout;
         return launch_node(launch, std::vector<std::string>(argv, argv + argc));
       }
       comm_opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout * 1000));
       comm_opts.device = cfg.train.device;
+      comm_opts.backend = cfg.dist.backend;
       comm_opts.generation = request.generation;
       install_stop_handlers();
       auto spec = detect_rank_spec(env, launch.init_method);

@@ -1,5 +1,5 @@
 // defines: DeviceKind, Precision, OptimizerKind, Schedule, Compression, Choices,
-//          name_of, parse_choice, choice_list
+//          BackendKind, name_of, parse_choice, choice_list
 //
 // The config keys that take one of a fixed set of words. Each is an enum
 // class with one table of its spellings: the table alone parses the key,
@@ -20,6 +20,7 @@ enum class Precision { kFp32, kBf16, kFp16, kAuto };   // train.precision
 enum class OptimizerKind { kAdamW, kLamb, kSgd };          // optim.name
 enum class Schedule { kConstant, kLinear, kCosine, kPoly };  // optim.schedule
 enum class Compression { kNone, kBf16, kFp16 };        // dist.grad-compression
+enum class BackendKind { kAuto, kNccl, kGloo };        // dist.backend
 
 // Choices<E>::table: every value of E with its spelling, in help order.
 template <class E>
@@ -51,6 +52,12 @@ template <>
 struct Choices<Compression> {
   static constexpr std::array<std::pair<Compression, const char*>, 3> table{
       {{Compression::kNone, "none"}, {Compression::kBf16, "bf16"}, {Compression::kFp16, "fp16"}}};
+};
+
+template <>
+struct Choices<BackendKind> {
+  static constexpr std::array<std::pair<BackendKind, const char*>, 3> table{
+      {{BackendKind::kAuto, "auto"}, {BackendKind::kNccl, "nccl"}, {BackendKind::kGloo, "gloo"}}};
 };
 
 template <class E>

@@ -139,6 +139,8 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("dist.timeout", c.dist.timeout, "seconds any collective may take before the job fails", node);
   bind("dist.bucket-cap-mb", c.dist.bucket_cap_mb, "gradient all-reduce bucket size, MiB");
   bind("dist.grad-compression", c.dist.grad_compression, "gradient dtype on the wire");
+  bind("dist.backend", c.dist.backend, "collectives on CUDA tensors: auto = nccl when built with it, else gloo; "
+       "gloo also runs several ranks on one GPU. CPU tensors always use gloo");
 
   bind("model.name", c.model.name, "model: mlp | cnn (image tasks), bert, or one the program registered", fixed);
   bind("model.hidden", c.model.hidden, "hidden width", fixed);

@@ -80,6 +80,7 @@ struct DistOptions {
   double timeout = 300.0;     // seconds any collective may take
   double bucket_cap_mb = 25.0;
   Compression grad_compression = Compression::kNone;  // dtype on the wire
+  BackendKind backend = BackendKind::kAuto;  // CUDA tensors: auto = NCCL when built with it
 };
 
 struct ModelOptions {

@@ -37,7 +37,11 @@ StepBatch Loader::build(int64_t k) const {
     for (int64_t i = micro.begin; i < micro.end; ++i) {
       ids.push_back((*perm)[static_cast<size_t>(out.cursor.consumed + mine.begin + i)]);
     }
-    out.micro.push_back(ids.empty() ? Example{} : gather(data_, ids));
+    Example micro_batch = ids.empty() ? Example{} : gather(data_, ids);
+    if (opts_.pin_memory) {
+      for (auto& [name, t] : micro_batch) t = t.pin_memory();
+    }
+    out.micro.push_back(std::move(micro_batch));
     out.indices.insert(out.indices.end(), ids.begin(), ids.end());
   }
   return out;

@@ -36,6 +36,7 @@ struct LoaderOptions {
   int64_t accum_steps = 1;
   int workers = 1;   // 0: build batches on the caller's thread
   int prefetch = 4;  // steps built ahead of the consumer
+  bool pin_memory = false;  // page-locked batches, for non-blocking copies to a GPU
 };
 
 class Loader {

@@ -8,6 +8,9 @@
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include <atomic>
 #include <condition_variable>
@@ -58,7 +61,12 @@ struct Comm::Impl {
   RankSpec spec;
   CommOptions opts;
   c10::intrusive_ptr<c10d::Store> store;  // prefixed by the job's secret
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  c10::intrusive_ptr<c10d::Backend> pg;      // Gloo: CPU tensors, control collectives
+  c10::intrusive_ptr<c10d::Backend> cuda_pg;  // NCCL for CUDA tensors, when used
+
+  // The backend for `t`, and whether its work completes on a CUDA stream
+  // (NCCL) rather than on the host.
+  c10d::Backend& backend_for(const torch::Tensor& t) { return t.is_cuda() && cuda_pg ? *cuda_pg : *pg; }
 
   std::thread heartbeat;
   int64_t beats = 0;
@@ -129,8 +137,17 @@ struct Comm::Impl {
                        detail::first_line(cause));
   }
 
-  void wait(const char* what, const c10::intrusive_ptr<c10d::Work>& work) {
+  // Gloo work is waited for on the host, within dist.timeout. NCCL work is
+  // waited for on the stream (the host goes on; the caller's stream orders
+  // after it). A stalled NCCL collective is caught by the next Gloo control
+  // collective (every step has one), which names the silent rank; NCCL's
+  // own watchdog, set to dist.timeout plus a margin, is the backstop.
+  void wait(const char* what, const c10::intrusive_ptr<c10d::Work>& work, bool on_stream = false) {
     try {
+      if (on_stream) {
+        work->wait();
+        return;
+      }
       work->wait(opts.timeout);
     } catch (const std::exception& e) {
       throw DistError(diagnose(what, e.what()));
@@ -156,8 +173,11 @@ std::unique_ptr<Comm> Comm::connect(const RankSpec& spec, const CommOptions& opt
   c->world_.local_world_size = spec.local_world_size;
   c->world_.node_rank = spec.node_rank;
   c->world_.device = resolve_device(opts.device, spec.local_rank);
-  COHORT_CHECK(c->world_.device.is_cpu(), DistError,
-               "multi-rank CUDA needs NCCL, which this libtorch does not have; run with --train.device cpu");
+  const bool nccl = c->world_.device.is_cuda() && opts.backend != BackendKind::kGloo;
+#ifndef USE_C10D_NCCL
+  COHORT_CHECK(!nccl || opts.backend == BackendKind::kAuto, ConfigError,
+               "dist.backend is nccl but this Cohort was built without NCCL (no CUDA toolkit); use gloo");
+#endif
 
   auto impl = std::make_unique<Impl>();
   impl->spec = spec;
@@ -218,7 +238,19 @@ std::unique_ptr<Comm> Comm::connect(const RankSpec& spec, const CommOptions& opt
                                          : c10d::ProcessGroupGloo::createDeviceForHostname(addr));
     }
     go->threads = 2;
-    impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, spec.rank, spec.world_size, go);
+    impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        c10::make_intrusive<c10d::PrefixStore>("gloo", impl->store), spec.rank, spec.world_size, go);
+#ifdef USE_C10D_NCCL
+    if (nccl) {
+      // A dead or stalled peer must end the job, not hang it: async error
+      // handling tears the communicator down when the watchdog times out.
+      setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", /*overwrite=*/0);
+      auto no = c10d::ProcessGroupNCCL::Options::create();
+      no->timeout = opts.timeout + std::chrono::milliseconds(30000);
+      impl->cuda_pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+          c10::make_intrusive<c10d::PrefixStore>("nccl", impl->store), spec.rank, spec.world_size, no);
+    }
+#endif
   } catch (const std::exception& e) {
     throw DistError(detail::cat("rank ", spec.rank, ": could not form the process group of ", spec.world_size,
                                 " ranks through ", where, " within ", opts.timeout.count() / 1000.0,
@@ -233,15 +265,16 @@ std::unique_ptr<Comm> Comm::connect(const RankSpec& spec, const CommOptions& opt
 void Comm::all_reduce_sum(torch::Tensor& t, const char* what) {
   if (!impl_) return;
   std::vector<torch::Tensor> v{t};
-  impl_->wait(what, impl_->pg->allreduce(v));
+  impl_->wait(what, impl_->backend_for(t).allreduce(v), t.is_cuda() && impl_->cuda_pg);
 }
 
 std::function<void()> Comm::all_reduce_sum_async(torch::Tensor& t, const char* what) {
   if (!impl_) return [] {};
   std::vector<torch::Tensor> v{t};
-  auto work = impl_->pg->allreduce(v);
+  auto work = impl_->backend_for(t).allreduce(v);
   Impl* impl = impl_.get();
-  return [impl, work, what] { impl->wait(what, work); };
+  bool on_stream = t.is_cuda() && impl->cuda_pg;
+  return [impl, work, what, on_stream] { impl->wait(what, work, on_stream); };
 }
 
 std::vector<double> Comm::all_reduce_sum(const std::vector<double>& values, const char* what) {
@@ -256,7 +289,7 @@ void Comm::broadcast(torch::Tensor& t, int root, const char* what) {
   std::vector<torch::Tensor> v{t};
   c10d::BroadcastOptions o;
   o.rootRank = root;
-  impl_->wait(what, impl_->pg->broadcast(v, o));
+  impl_->wait(what, impl_->backend_for(t).broadcast(v, o), t.is_cuda() && impl_->cuda_pg);
 }
 
 std::vector<torch::Tensor> Comm::all_gather(const torch::Tensor& t, const char* what) {
@@ -278,8 +311,13 @@ std::vector<torch::Tensor> Comm::all_gather(const torch::Tensor& t, const char* 
 std::vector<torch::Tensor> Comm::all_gather_fixed(const torch::Tensor& t, const char* what) {
   std::vector<std::vector<torch::Tensor>> out(1);
   for (int r = 0; r < size(); ++r) out[0].push_back(torch::empty_like(t));
-  std::vector<torch::Tensor> in{t.contiguous()};
+  // On the host (Gloo): gathered values are read there.
+  std::vector<torch::Tensor> in{t.to(torch::kCPU).contiguous()};
+  for (auto& o : out[0]) o = o.to(torch::kCPU);
   impl_->wait(what, impl_->pg->allgather(out, in));
+  if (t.is_cuda()) {
+    for (auto& o : out[0]) o = o.to(t.device());
+  }
   return out[0];
 }
 

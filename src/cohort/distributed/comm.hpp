@@ -30,6 +30,7 @@ struct CommOptions {
   std::string iface;    // network interface for Gloo; "" picks one from the master address
   std::chrono::milliseconds heartbeat{1000};
   DeviceKind device = DeviceKind::kAuto;  // train.device
+  BackendKind backend = BackendKind::kAuto;  // dist.backend: for CUDA tensors
   int generation = 0;  // restart attempt: keys of earlier attempts are not seen
 };
 

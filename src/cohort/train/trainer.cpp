@@ -165,7 +165,8 @@ Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
   schedule = LrSchedule::from(cfg.optim, total_steps);
   interval.tally = task->empty_tally();
   if (run.resume) resume(*run.resume);
-  LoaderOptions lo{world.rank, world.world_size, cfg.optim.accum_steps, cfg.data.workers, cfg.data.prefetch};
+  LoaderOptions lo{world.rank,      world.world_size, cfg.optim.accum_steps, cfg.data.workers,
+                   cfg.data.prefetch, world.device.is_cuda()};
   loader = std::make_unique<Loader>(task->train_set(), *order, lo, state.cursor);
   checkpoints = std::make_unique<Checkpoints>(run.out_dir, cfg.ckpt.keep);
   // Ranks started with different configs or data would drift or hang later:
