@@ -11,6 +11,7 @@
 // prints one JSON line: {"step_ms": ..., "tokens_per_s": ..., ...}; tokens
 // are real (non-padding) tokens.
 #include <CLI/CLI.hpp>
+#include <torch/cuda.h>
 #include <torch/nn/utils/clip_grad.h>
 
 #include <algorithm>
@@ -38,6 +39,10 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads)->capture_default_str();
   app.add_option("--precision", precision_name, "fp32 | bf16")->capture_default_str();
   app.add_option("--data", data, "shards from cohort prepare (train split); default: synthetic batches");
+  std::string device_name = "cpu";
+  double peak_tflops = 0;
+  app.add_option("--device", device_name, "cpu | cuda")->capture_default_str();
+  app.add_option("--peak-tflops", peak_tflops, "the device's dense peak at --precision, for MFU; 0: not printed");
   CLI11_PARSE(app, argc, argv);
   Precision precision = Precision::kFp32;
   try {
@@ -52,7 +57,9 @@ int main(int argc, char** argv) {
 
   torch::set_num_threads(threads);
   torch::manual_seed(1);
+  const c10::Device device(device_name == "cuda" ? torch::kCUDA : torch::kCPU);
   BertForPretraining model(c);
+  model->to(device);
   model->train();
   OptimOptions oo;
   oo.lr = 1e-4;
@@ -77,18 +84,21 @@ int main(int argc, char** argv) {
     Example e = shards->get_batch(idx);
     return {BertBatch::from(e), e.at("next_sentence_labels")};
   };
-  c10::Device cpu(torch::kCPU);
 
   std::vector<double> times, tokens;
   for (int64_t s = 0; s < steps; ++s) {
-    auto [b, nsp_labels] = batch_at(s);
+    auto [host, host_nsp] = batch_at(s);
+    BertBatch b{host.input_ids.to(device), host.segment_ids.to(device), host.input_mask.to(device),
+                host.masked_positions.to(device), host.masked_ids.to(device)};
+    torch::Tensor nsp_labels = host_nsp.to(device);
+    if (device.is_cuda()) torch::cuda::synchronize();
     auto t0 = std::chrono::steady_clock::now();
     for (auto& p : model->parameters()) {
       if (p.grad().defined()) p.mutable_grad().zero_();
     }
     torch::Tensor loss;
     {
-      AutocastScope autocast(precision, cpu);
+      AutocastScope autocast(precision, device);
       BertOutputs out = model->forward(b);
       loss = torch::nn::functional::cross_entropy(out.mlm_logits.to(torch::kFloat32), out.mlm_labels) +
              torch::nn::functional::cross_entropy(out.nsp_logits.to(torch::kFloat32), nsp_labels);
@@ -96,8 +106,9 @@ int main(int argc, char** argv) {
     loss.backward();
     torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);
     opt->step();
+    if (device.is_cuda()) torch::cuda::synchronize();
     times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    tokens.push_back(static_cast<double>(b.input_mask.sum().item<int64_t>()));
+    tokens.push_back(static_cast<double>(host.input_mask.sum().item<int64_t>()));
   }
   // Steady state: the first quarter dropped; the rate over the rest.
   const size_t k = static_cast<size_t>(steps / 4);
@@ -106,8 +117,20 @@ int main(int argc, char** argv) {
   for (size_t i = k; i < times.size(); ++i) secs += times[i], toks += tokens[i];
   std::sort(steady.begin(), steady.end());
   double step_s = steady[steady.size() / 2];
-  std::printf("{\"step_ms\": %.3f, \"tokens_per_s\": %.1f, \"samples_per_s\": %.2f, \"precision\": \"%s\"}\n",
-              step_s * 1e3, toks / secs, static_cast<double>(batch) * static_cast<double>(steady.size()) / secs,
-              name_of(precision));
+  // Model FLOPs per step (Megatron's count, as MFU is usually quoted):
+  // 6 per weight per token for the encoder's matrices, attention's QK^T and
+  // AV at 12*L*H*S per token, and the MLM decoder on the masked positions.
+  const double tokens_per_s = toks / secs;
+  const double seq_per_s = static_cast<double>(batch) * static_cast<double>(steady.size()) / secs;
+  const double h = static_cast<double>(c.hidden), l = static_cast<double>(c.layers);
+  const double encoder = l * (4 * h * h + 2 * h * static_cast<double>(c.intermediate));
+  const double per_token = 6 * encoder + 12 * l * h * static_cast<double>(seq);
+  const double per_seq = per_token * static_cast<double>(seq) +
+                         6 * (h * h + h * static_cast<double>(c.vocab_size)) * static_cast<double>(predictions);
+  const double tflops = per_seq * seq_per_s / 1e12;
+  std::printf("{\"step_ms\": %.3f, \"tokens_per_s\": %.1f, \"samples_per_s\": %.2f, \"precision\": \"%s\", "
+              "\"device\": \"%s\", \"model_tflops\": %.2f, \"mfu\": %.4f}\n",
+              step_s * 1e3, tokens_per_s, seq_per_s, name_of(precision), device.str().c_str(), tflops,
+              peak_tflops > 0 ? tflops / peak_tflops : 0.0);
   return 0;
 }

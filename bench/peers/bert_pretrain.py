@@ -152,9 +152,10 @@ def hf_model(args):
 
 
 def hf_loss(model, ids, seg, mask, positions, labels, nsp_labels):
-    target = torch.full(ids.shape, -100, dtype=torch.long)
+    target = torch.full(ids.shape, -100, dtype=torch.long, device=ids.device)
     keep = labels >= 0
-    target[torch.arange(ids.shape[0])[:, None].expand_as(positions)[keep], positions[keep]] = labels[keep]
+    rows = torch.arange(ids.shape[0], device=ids.device)[:, None].expand_as(positions)
+    target[rows[keep], positions[keep]] = labels[keep]
     return model(input_ids=ids, token_type_ids=seg, attention_mask=mask, labels=target,
                  next_sentence_label=nsp_labels).loss
 
@@ -173,6 +174,8 @@ def worker(rank, args, out):
         model = Bert(args.vocab, args.hidden, args.layers, args.heads, args.intermediate or 4 * args.hidden, 512, 0.1)
         masked = args.mlm == "masked"
         step_loss = lambda m, batch: m(*batch, masked)
+    dev = torch.device(args.device)
+    model.to(dev)
     model.train()
     if args.ranks > 1:
         model = nn.parallel.DistributedDataParallel(model)
@@ -183,14 +186,18 @@ def worker(rank, args, out):
     batches = shard_batches(args, rank) if args.data else synthetic_batches(args, rank)
     times, tokens = [], []
     for _ in range(args.steps):
-        batch = next(batches)
+        batch = tuple(t.to(dev, non_blocking=True) for t in next(batches))
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
             loss = step_loss(model, batch)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         tokens.append(int(batch[2].sum()))
     # Steady state: drop the first quarter; the rate over what remains, with
@@ -227,6 +234,7 @@ def main():
     ap.add_argument("--mlm", choices=["all", "masked"], default="all", help="--model mirror only")
     ap.add_argument("--data", default="", help="shards from cohort prepare; default: synthetic batches")
     ap.add_argument("--port", type=int, default=29741)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="one rank only on cuda")
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
