@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <torch/cuda.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -173,7 +174,12 @@ std::unique_ptr<Comm> Comm::connect(const RankSpec& spec, const CommOptions& opt
   c->world_.local_world_size = spec.local_world_size;
   c->world_.node_rank = spec.node_rank;
   c->world_.device = resolve_device(opts.device, spec.local_rank);
-  const bool nccl = c->world_.device.is_cuda() && opts.backend != BackendKind::kGloo;
+  // auto: NCCL when every local rank has a GPU of its own (NCCL refuses two
+  // ranks on one device), else Gloo, which carries CUDA tensors too.
+  const bool nccl = c->world_.device.is_cuda() &&
+                    (opts.backend == BackendKind::kNccl ||
+                     (opts.backend == BackendKind::kAuto &&
+                      spec.local_world_size <= static_cast<int>(torch::cuda::device_count())));
 #ifndef USE_C10D_NCCL
   COHORT_CHECK(!nccl || opts.backend == BackendKind::kAuto, ConfigError,
                "dist.backend is nccl but this Cohort was built without NCCL (no CUDA toolkit); use gloo");

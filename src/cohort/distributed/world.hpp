@@ -23,7 +23,8 @@ struct World {
   bool is_main() const { return rank == 0; }
 };
 
-// train.device -> the device for this local rank:
+// train.device -> the device for this local rank: with one visible GPU,
+// that GPU for every local rank; with several,
 // GPU `local_rank` when CUDA is present (auto) or asked for, else the CPU.
 c10::Device resolve_device(DeviceKind kind, int local_rank);
 
