@@ -23,15 +23,10 @@ class Gpu : public ::testing::Test {
 };
 
 Config small_run() {
-  Config cfg;
-  cfg.model.name = "mlp";
-  cfg.model.hidden = 64;
+  Config cfg = cohort::test::small_mlp_run();
   cfg.model.dropout = 0.0;
   cfg.train.max_steps = 20;
-  cfg.data.global_batch = 32;
-  cfg.optim.lr = 3e-3;
   cfg.log.every_steps = 10;
-  cfg.eval.max_samples = 500;
   return cfg;
 }
 

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "cohort/config/config.hpp"
+
 namespace cohort::test {
 
 // A fresh directory under the system temp dir, removed on destruction.
@@ -98,6 +100,19 @@ void write_tiny_dataset(const Dir& dir, uint32_t n = 8) {
 
 inline bool have_fashion_mnist() {
   return std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
+}
+
+// A short Fashion-MNIST run of a small MLP, for tests that train in-process.
+inline Config small_mlp_run() {
+  Config cfg;
+  cfg.model.name = "mlp";
+  cfg.model.hidden = 64;
+  cfg.train.max_steps = 60;
+  cfg.data.global_batch = 32;
+  cfg.optim.lr = 3e-3;
+  cfg.log.every_steps = 20;
+  cfg.eval.max_samples = 1000;
+  return cfg;
 }
 
 }  // namespace cohort::test

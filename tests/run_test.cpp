@@ -119,9 +119,7 @@ struct Recorder : Reporter {
 TEST(Trainer, ReportsToTheReporterItIsGiven) {
   if (!cohort::test::have_fashion_mnist()) GTEST_SKIP() << "SKIPPED: dataset-fashion-mnist is not installed";
   TempDir tmp;
-  Config cfg;
-  cfg.model.name = "mlp";
-  cfg.model.hidden = 32;
+  Config cfg = cohort::test::small_mlp_run();
   cfg.train.max_steps = 6;
   cfg.data.global_batch = 16;
   cfg.log.every_steps = 3;

@@ -11,17 +11,7 @@ using cohort::test::TempDir;
 
 namespace {
 
-Config small_run() {
-  Config cfg;
-  cfg.model.name = "mlp";
-  cfg.model.hidden = 64;
-  cfg.train.max_steps = 60;
-  cfg.data.global_batch = 32;
-  cfg.optim.lr = 3e-3;
-  cfg.log.every_steps = 20;
-  cfg.eval.max_samples = 1000;
-  return cfg;
-}
+Config small_run() { return cohort::test::small_mlp_run(); }
 
 RunSummary train(const Config& cfg, const std::string& dir) {
   RunOptions run;
