@@ -65,9 +65,10 @@ struct Comm::Impl {
   c10::intrusive_ptr<c10d::Backend> pg;      // Gloo: CPU tensors, control collectives
   c10::intrusive_ptr<c10d::Backend> cuda_pg;  // NCCL for CUDA tensors, when used
 
-  // The backend for `t`, and whether its work completes on a CUDA stream
-  // (NCCL) rather than on the host.
-  c10d::Backend& backend_for(const torch::Tensor& t) { return t.is_cuda() && cuda_pg ? *cuda_pg : *pg; }
+  // Whether `t`'s collectives go through NCCL (and complete on a CUDA
+  // stream) rather than Gloo (on the host), and that backend.
+  bool on_stream(const torch::Tensor& t) const { return t.is_cuda() && cuda_pg; }
+  c10d::Backend& backend_for(const torch::Tensor& t) { return on_stream(t) ? *cuda_pg : *pg; }
 
   std::thread heartbeat;
   int64_t beats = 0;
@@ -271,7 +272,7 @@ std::unique_ptr<Comm> Comm::connect(const RankSpec& spec, const CommOptions& opt
 void Comm::all_reduce_sum(torch::Tensor& t, const char* what) {
   if (!impl_) return;
   std::vector<torch::Tensor> v{t};
-  impl_->wait(what, impl_->backend_for(t).allreduce(v), t.is_cuda() && impl_->cuda_pg);
+  impl_->wait(what, impl_->backend_for(t).allreduce(v), impl_->on_stream(t));
 }
 
 std::function<void()> Comm::all_reduce_sum_async(torch::Tensor& t, const char* what) {
@@ -279,7 +280,7 @@ std::function<void()> Comm::all_reduce_sum_async(torch::Tensor& t, const char* w
   std::vector<torch::Tensor> v{t};
   auto work = impl_->backend_for(t).allreduce(v);
   Impl* impl = impl_.get();
-  bool on_stream = t.is_cuda() && impl->cuda_pg;
+  bool on_stream = impl->on_stream(t);
   return [impl, work, what, on_stream] { impl->wait(what, work, on_stream); };
 }
 
@@ -295,7 +296,7 @@ void Comm::broadcast(torch::Tensor& t, int root, const char* what) {
   std::vector<torch::Tensor> v{t};
   c10d::BroadcastOptions o;
   o.rootRank = root;
-  impl_->wait(what, impl_->backend_for(t).broadcast(v, o), t.is_cuda() && impl_->cuda_pg);
+  impl_->wait(what, impl_->backend_for(t).broadcast(v, o), impl_->on_stream(t));
 }
 
 std::vector<torch::Tensor> Comm::all_gather(const torch::Tensor& t, const char* what) {

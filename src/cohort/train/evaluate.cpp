@@ -60,8 +60,7 @@ RunSummary evaluate_checkpoint(const Config& cfg, Comm& comm, const RunOptions& 
   std::unique_ptr<Task> task = make_task(cfg, world);
   load_model_weights(*task->module(), (std::filesystem::path(run.resume->dir) / "model.safetensors").string());
   auto data = task->eval_set(cfg.eval.split);
-  std::shared_ptr<Reporter> reporter = std::make_shared<Reporter>();
-  if (world.is_main()) reporter = run.reporter ? run.reporter : default_reporter(run, /*tensorboard=*/false);
+  std::shared_ptr<Reporter> reporter = rank_reporter(run, world, /*tensorboard=*/false);
   for (const auto& note : run.notes) reporter->message("cohort: " + note);
   EvalReport r = evaluate_report(*task, *data, comm, cfg.eval, run.resume->state.step);
   reporter->eval(r);

@@ -90,6 +90,12 @@ std::shared_ptr<ReporterFanOut> default_reporter(const RunOptions& run, bool ten
   return fan;
 }
 
+std::shared_ptr<Reporter> rank_reporter(const RunOptions& run, const World& world, bool tensorboard) {
+  if (!world.is_main()) return std::make_shared<Reporter>();
+  if (run.reporter) return run.reporter;
+  return default_reporter(run, tensorboard);
+}
+
 // Training metrics since the last log line.
 struct Interval {
   Tally tally;
@@ -212,11 +218,10 @@ void Trainer::Parts::resume(const ResolvedCheckpoint& from) {
 // dir touched.
 void Trainer::Parts::open_outputs() {
   RunDir dir(run.out_dir);
-  reporter = std::make_shared<Reporter>();
   if (world.is_main()) {
     for (auto& note : dir.prepare(run.mode(), run.config_toml, state.step)) run.notes.push_back(note);
-    reporter = run.reporter ? run.reporter : default_reporter(run, cfg.log.tensorboard);
   }
+  reporter = rank_reporter(run, world, cfg.log.tensorboard);
   comm.barrier("run directory set-up");
   if (cfg.log.sample_ids) {
     fs::create_directories(fs::path(dir.sample_ids_file(world.rank)).parent_path());

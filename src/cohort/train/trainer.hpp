@@ -1,4 +1,4 @@
-// defines: Trainer, default_reporter
+// defines: Trainer, default_reporter, rank_reporter
 #pragma once
 
 #include <memory>
@@ -9,7 +9,9 @@
 namespace cohort {
 
 class Comm;
+class Reporter;
 class ReporterFanOut;
+struct World;
 
 // Runs a training job for this rank. Cross-rank contract: every rank
 // constructs the Trainer with the same Config and calls run(); steps,
@@ -34,5 +36,9 @@ class Trainer {
 // The console (unless run.quiet), RUN_DIR/metrics.jsonl and, with
 // `tensorboard`, RUN_DIR/tensorboard/. Rank 0 only.
 std::shared_ptr<ReporterFanOut> default_reporter(const RunOptions& run, bool tensorboard);
+
+// Where this rank reports: rank 0 to run.reporter, or the default one; the
+// other ranks to a silent Reporter.
+std::shared_ptr<Reporter> rank_reporter(const RunOptions& run, const World& world, bool tensorboard);
 
 }  // namespace cohort
