@@ -9,19 +9,23 @@
 //   build/bench/bert_step_bench --hidden 256 --layers 4 --heads 4 --seq 128
 //       --batch 16 --precision bf16 --threads 2 --steps 20 [--data data/gcide]
 // prints one JSON line: {"step_ms": ..., "tokens_per_s": ..., ...}; tokens
-// are real (non-padding) tokens.
+// are real (non-padding) tokens. --dropout-rng both alternates steps with
+// per-sample masks and with torch's generator (model.dropout-rng sample and
+// rank) and prints the median step of each and their ratio instead.
 #include <CLI/CLI.hpp>
 #include <torch/cuda.h>
 #include <torch/nn/utils/clip_grad.h>
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <cstdio>
 
 #include "bert_options.hpp"
 #include "cohort/config/config.hpp"
 #include "cohort/data/bert_shards.hpp"
 #include "cohort/model/bert.hpp"
+#include "cohort/model/dropout.hpp"
 #include "cohort/train/optim.hpp"
 #include "cohort/train/precision.hpp"
 
@@ -39,7 +43,8 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads)->capture_default_str();
   app.add_option("--precision", precision_name, "fp32 | bf16")->capture_default_str();
   app.add_option("--data", data, "shards from cohort prepare (train split); default: synthetic batches");
-  std::string device_name = "cpu";
+  std::string device_name = "cpu", dropout_rng = "rank";
+  app.add_option("--dropout-rng", dropout_rng, "sample | rank | both (alternating)")->capture_default_str();
   double peak_tflops = 0;
   app.add_option("--device", device_name, "cpu | cuda")->capture_default_str();
   app.add_option("--peak-tflops", peak_tflops, "the device's dense peak at --precision, for MFU; 0: not printed");
@@ -85,8 +90,9 @@ int main(int argc, char** argv) {
     return {BertBatch::from(e), e.at("next_sentence_labels")};
   };
 
-  std::vector<double> times, tokens;
+  std::vector<double> times, tokens, sample_times;
   for (int64_t s = 0; s < steps; ++s) {
+    const bool sample_masks = dropout_rng == "sample" || (dropout_rng == "both" && s % 2 == 1);
     auto [host, host_nsp] = batch_at(s);
     BertBatch b{host.input_ids.to(device), host.segment_ids.to(device), host.input_mask.to(device),
                 host.masked_positions.to(device), host.masked_ids.to(device)};
@@ -98,6 +104,12 @@ int main(int argc, char** argv) {
     }
     torch::Tensor loss;
     {
+      std::optional<DropoutRows> rows;
+      if (sample_masks) {
+        std::vector<int64_t> ids_of_rows(static_cast<size_t>(batch));
+        for (int64_t r = 0; r < batch; ++r) ids_of_rows[static_cast<size_t>(r)] = s * batch + r;
+        rows.emplace(1, s, ids_of_rows);
+      }
       AutocastScope autocast(precision, device);
       BertOutputs out = model->forward(b);
       loss = torch::nn::functional::cross_entropy(out.mlm_logits.to(torch::kFloat32), out.mlm_labels) +
@@ -107,8 +119,24 @@ int main(int argc, char** argv) {
     torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);
     opt->step();
     if (device.is_cuda()) torch::cuda::synchronize();
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (dropout_rng == "both" && sample_masks) {
+      sample_times.push_back(secs);
+      continue;
+    }
+    times.push_back(secs);
     tokens.push_back(static_cast<double>(host.input_mask.sum().item<int64_t>()));
+  }
+  if (dropout_rng == "both") {
+    auto median = [](std::vector<double> v) {
+      v.erase(v.begin(), v.begin() + static_cast<long>(v.size() / 4));
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    double rank_ms = median(times) * 1e3, sample_ms = median(sample_times) * 1e3;
+    std::printf("{\"step_ms_rank\": %.3f, \"step_ms_sample\": %.3f, \"sample_over_rank\": %.4f, \"precision\": \"%s\"}\n",
+                rank_ms, sample_ms, sample_ms / rank_ms, name_of(precision));
+    return 0;
   }
   // Steady state: the first quarter dropped; the rate over the rest.
   const size_t k = static_cast<size_t>(steps / 4);

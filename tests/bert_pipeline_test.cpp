@@ -87,7 +87,7 @@ TEST_P(ShardCoverage, EveryRowExactlyOncePerEpochAcrossRanks) {
     o.workers = 0;
     Loader loader(data, order, o, Cursor{});
     for (int64_t k = 0; k < order.steps_per_epoch(); ++k) {
-      StepBatch b = loader.build(k);
+      StepBatch b = loader.build(k, std::vector<int64_t>(static_cast<size_t>(c.world), 1));
       if (static_cast<int64_t>(steps.size()) <= k) steps.resize(static_cast<size_t>(k + 1));
       for (const auto& m : b.micro) {
         auto rows = rows_in(m);
@@ -105,7 +105,7 @@ TEST_P(ShardCoverage, EveryRowExactlyOncePerEpochAcrossRanks) {
   Loader single(data, order, one, Cursor{});
   for (int64_t k = 0; k < order.steps_per_epoch(); ++k) {
     std::vector<int64_t> expect;
-    for (const auto& m : single.build(k).micro) {
+    for (const auto& m : single.build(k, {1}).micro) {
       auto rows = rows_in(m);
       expect.insert(expect.end(), rows.begin(), rows.end());
     }
@@ -149,19 +149,7 @@ TEST(Bucketing, BatchesHoldSimilarLengthsAndStayAPermutation) {
 // The whole job through the binary, on a corpus small enough for CI.
 TEST(BertPipeline, PrepareTrainEvalExport) {
   TempDir tmp;
-  std::string corpus;
-  const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "dog", "ran", "to", "park", "bird", "sang",
-                         "in", "tree", "sun", "rose", "over", "hill", "rain", "fell"};
-  for (int doc = 0; doc < 120; ++doc) {
-    for (int s = 0; s < 4; ++s) {
-      for (int w = 0; w < 8; ++w) corpus += std::string(words[(doc * 7 + s * 3 + w * w) % 20]) + (w < 7 ? " " : ".\n");
-    }
-    corpus += "\n";
-  }
-  test::write_file(tmp / "corpus.txt", corpus);
-  auto prep = test::run_cohort("prepare --input " + tmp / "corpus.txt" + " --out " + tmp / "data" +
-                               " --vocab-size 200 --max-seq-length 32 --max-predictions 5 --dupe-factor 2"
-                               " --valid-fraction 0.1 --test-fraction 0.1 --quiet");
+  auto prep = test::prepare_tiny_bert(tmp);
   ASSERT_EQ(prep.code, 0) << prep.err;
   std::string common = " --train.task bert-pretrain --model.name bert --model.hidden 32 --model.layers 1"
                        " --model.heads 2 --model.max-positions 64 --data.path " + tmp / "data" +

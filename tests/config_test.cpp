@@ -227,3 +227,27 @@ TEST(Config, ChoicesParseFromTheirTableOnly) {
   EXPECT_NE(e.find("dist.grad-compression must be one of none | bf16 | fp16 (got 'int8')"), std::string::npos) << e;
 }
 
+
+TEST(Config, BalanceWeightsAreAListOnTheCommandLineAndInAFile) {
+  Config cli = parse({"--data.balance", "weights", "--data.balance-weights", "3,1.5"});
+  EXPECT_EQ(cli.data.balance, Balance::kWeights);
+  EXPECT_EQ(cli.data.balance_weights, (std::vector<double>{3.0, 1.5}));
+  TempDir tmp;
+  write_file(tmp / "c.toml", "[data]\nbalance = \"weights\"\nbalance-weights = [2.0, 1.0, 1.0]\n");
+  Config file = parse({}, tmp / "c.toml");
+  EXPECT_EQ(file.data.balance_weights, (std::vector<double>{2.0, 1.0, 1.0}));
+  // The resolved config round-trips, with and without weights.
+  for (const auto& args : {std::vector<std::string>{}, std::vector<std::string>{"--data.balance-weights", "2,1"}}) {
+    CLI::App app;
+    Config cfg;
+    ConfigBinding binding(app, cfg);
+    std::vector<std::string> reversed(args.rbegin(), args.rend());
+    app.parse(reversed);
+    write_file(tmp / "resolved.toml", binding.to_toml());
+    EXPECT_EQ(parse({}, tmp / "resolved.toml").data.balance_weights, cfg.data.balance_weights);
+  }
+  EXPECT_NE(error_of([] { validate(parse({"--data.balance-weights", "2,0"})); }).find("data.balance-weights must all be > 0"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { validate(parse({"--data.balance", "weights"})); }).find("one weight per rank"), std::string::npos);
+  EXPECT_NE(error_of([] { parse({"--data.balance", "fastest"}); }).find("equal | auto | weights"), std::string::npos);
+}

@@ -69,10 +69,11 @@ struct Result {
   std::string err;
 };
 
-// Runs `build/cohort ARGS` through the shell; captures stdout, stderr, exit code.
-inline Result run_cohort(const std::string& args) {
+// Runs `build/cohort ARGS` through the shell, with `env` (VAR=value ...)
+// set; captures stdout, stderr, exit code.
+inline Result run_cohort(const std::string& args, const std::string& env = "") {
   TempDir tmp;
-  std::string cmd = std::string(COHORT_BIN) + " " + args + " >" + (tmp / "out") + " 2>" + (tmp / "err");
+  std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(COHORT_BIN) + " " + args + " >" + (tmp / "out") + " 2>" + (tmp / "err");
   int status = std::system(cmd.c_str());
   Result r;
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -96,6 +97,26 @@ void write_tiny_dataset(const Dir& dir, uint32_t n = 8) {
     write_file(dir / (std::string(p) + "-images-idx3-ubyte"), idx({n, 8, 8}, 64 * n, 251));
     write_file(dir / (std::string(p) + "-labels-idx1-ubyte"), idx({n}, n, 4));
   }
+}
+
+// A tiny BERT dataset: a 20-word corpus through `cohort prepare` (vocab
+// 200, sequences of 32, train/valid/test) in `dir`/data. Returns the
+// prepare run.
+template <class Dir>
+Result prepare_tiny_bert(const Dir& dir) {
+  std::string corpus;
+  const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "dog", "ran", "to", "park", "bird", "sang",
+                         "in", "tree", "sun", "rose", "over", "hill", "rain", "fell"};
+  for (int doc = 0; doc < 120; ++doc) {
+    for (int s = 0; s < 4; ++s) {
+      for (int w = 0; w < 8; ++w) corpus += std::string(words[(doc * 7 + s * 3 + w * w) % 20]) + (w < 7 ? " " : ".\n");
+    }
+    corpus += "\n";
+  }
+  write_file(dir / "corpus.txt", corpus);
+  return run_cohort("prepare --input " + dir / "corpus.txt" + " --out " + dir / "data" +
+                    " --vocab-size 200 --max-seq-length 32 --max-predictions 5 --dupe-factor 2"
+                    " --valid-fraction 0.1 --test-fraction 0.1 --quiet");
 }
 
 inline bool have_fashion_mnist() {

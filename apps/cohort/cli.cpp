@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -273,13 +274,20 @@ int cli_main(int argc, char** argv) {
       std::unique_ptr<Comm> comm = spec ? Comm::connect(*spec, comm_opts) : Comm::single(cfg.train.device);
       if (comm->size() > 1) who = "rank " + std::to_string(comm->rank()) + ": ";
       configure_process(cfg.train, comm->world());
-      // Testing aid for the straggler report: COHORT_DEBUG_DELAY=RANK:MS
-      // makes one rank's forward passes that much slower.
-      if (auto it = env.find("COHORT_DEBUG_DELAY"); it != env.end()) {
+      // Testing aids: COHORT_DEBUG_DELAY=RANK:MS makes one rank's forward
+      // passes that much slower (the straggler report);
+      // COHORT_DEBUG_SLOWDOWN=RANK:FACTOR makes its compute FACTOR times
+      // slower, as a slower device (data.balance, bench/balance_bench.sh).
+      auto for_this_rank = [&](const char* name) -> std::optional<std::string> {
+        auto it = env.find(name);
+        if (it == env.end()) return std::nullopt;
         auto colon = it->second.find(':');
-        if (colon != std::string::npos && std::stoi(it->second.substr(0, colon)) == comm->rank())
-          run.debug_delay_ms = std::stoi(it->second.substr(colon + 1));
-      }
+        COHORT_CHECK(colon != std::string::npos, UsageError, name, " must be RANK:VALUE (got '", it->second, "')");
+        if (std::stoi(it->second.substr(0, colon)) != comm->rank()) return std::nullopt;
+        return it->second.substr(colon + 1);
+      };
+      if (auto v = for_this_rank("COHORT_DEBUG_DELAY")) run.debug_delay_ms = std::stoi(*v);
+      if (auto v = for_this_rank("COHORT_DEBUG_SLOWDOWN")) run.debug_slowdown = std::stod(*v);
       Trainer(cfg, *comm, run).run();
       // Stopped by a signal: a launched worker reports success to its
       // launcher (which exits 128+signal); a lone process says so itself.

@@ -59,7 +59,8 @@ std::string Checkpoints::write(const CheckpointState& state, const NamedTensors&
                              {"consumed", state.cursor.consumed},
                              {"samples_seen", state.samples_seen},
                              {"world_size", state.world_size},
-                             {"train_samples", state.train_samples}};
+                             {"train_samples", state.train_samples},
+                             {"balance_shares", state.balance_shares}};
   for (const char* f : kFiles) {
     manifest["sha256"][f] = sha256_hex(read_file((tmp / f).string()));
     sync_path((tmp / f).string(), false);
@@ -107,6 +108,7 @@ CheckpointState Checkpoints::verify(const std::string& dir) {
     s.samples_seen = m.at("samples_seen").get<int64_t>();
     s.world_size = m.at("world_size").get<int>();
     s.train_samples = m.value("train_samples", int64_t{-1});
+    s.balance_shares = m.value("balance_shares", std::vector<int64_t>{});
     return s;
   } catch (const nlohmann::json::exception& e) {
     throw DataError(detail::cat((d / "state.json").string(), ": missing field (", e.what(), ")"));

@@ -34,6 +34,7 @@ struct CheckpointState {
   int64_t samples_seen = 0;
   int world_size = 1;
   int64_t train_samples = -1;  // the training set's size; -1: not recorded (older checkpoints)
+  std::vector<int64_t> balance_shares;  // data.balance: per rank, of a full global batch
 };
 
 // A checkpoint directory whose checksums were verified, and what it holds.

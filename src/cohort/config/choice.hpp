@@ -1,5 +1,5 @@
 // defines: DeviceKind, Precision, OptimizerKind, Schedule, Compression, Choices,
-//          BackendKind, name_of, parse_choice, choice_list
+//          BackendKind, Balance, DropoutRng, name_of, parse_choice, choice_list
 //
 // The config keys that take one of a fixed set of words. Each is an enum
 // class with one table of its spellings: the table alone parses the key,
@@ -21,6 +21,8 @@ enum class OptimizerKind { kAdamW, kLamb, kSgd };          // optim.name
 enum class Schedule { kConstant, kLinear, kCosine, kPoly };  // optim.schedule
 enum class Compression { kNone, kBf16, kFp16 };        // dist.grad-compression
 enum class BackendKind { kAuto, kNccl, kGloo };        // dist.backend
+enum class Balance { kEqual, kAuto, kWeights };        // data.balance
+enum class DropoutRng { kSample, kRank };              // model.dropout-rng
 
 // Choices<E>::table: every value of E with its spelling, in help order.
 template <class E>
@@ -58,6 +60,18 @@ template <>
 struct Choices<BackendKind> {
   static constexpr std::array<std::pair<BackendKind, const char*>, 3> table{
       {{BackendKind::kAuto, "auto"}, {BackendKind::kNccl, "nccl"}, {BackendKind::kGloo, "gloo"}}};
+};
+
+template <>
+struct Choices<Balance> {
+  static constexpr std::array<std::pair<Balance, const char*>, 3> table{
+      {{Balance::kEqual, "equal"}, {Balance::kAuto, "auto"}, {Balance::kWeights, "weights"}}};
+};
+
+template <>
+struct Choices<DropoutRng> {
+  static constexpr std::array<std::pair<DropoutRng, const char*>, 2> table{
+      {{DropoutRng::kSample, "sample"}, {DropoutRng::kRank, "rank"}}};
 };
 
 template <class E>

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <charconv>
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -44,6 +45,11 @@ template <class Int>
 std::string toml_value(Int v) {
   return std::to_string(v);
 }
+std::string toml_value(const std::vector<double>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + toml_value(v[i]);
+  return out + "]";
+}
 
 // Levenshtein distance, for "did you mean" hints on unknown keys.
 size_t edit_distance(const std::string& a, const std::string& b) {
@@ -81,11 +87,16 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
           flags, [&field, name](const std::string& text) { field = parse_choice<T>(name, text); }, help);
       key->option->default_str(name_of(field))->type_name(choice_list<T>());
       key->to_toml = [&field] { return toml_value(std::string(name_of(field))); };
+    } else if constexpr (std::is_same_v<T, std::vector<double>>) {  // a list: 2,1 or [2.0, 1.0]
+      key->option = app.add_option(flags, field, help)->delimiter(',')->type_name("X,Y,...");
+      key->to_toml = [&field] { return toml_value(field); };
     } else {
       key->option = app.add_option(flags, field, help)->capture_default_str();
       key->to_toml = [&field] { return toml_value(field); };
     }
-    key->option->group(group)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    key->option->group(group)->multi_option_policy(std::is_same_v<T, std::vector<double>>
+                                                       ? CLI::MultiOptionPolicy::TakeAll
+                                                       : CLI::MultiOptionPolicy::TakeLast);
     keys_.push_back(std::move(key));
   };
   // Each key is declared exactly once, here, with its scope: kPerNode keys
@@ -109,6 +120,12 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("data.prefetch", c.data.prefetch, "steps prepared ahead per rank", node);
   bind("data.drop-last", c.data.drop_last, "drop the epoch's last, short global batch", fixed);
   bind("data.bucket", c.data.bucket, "length bucketing: sort each window of N global batches by length; 0 = off", fixed);
+  bind("data.balance", c.data.balance, "each rank's share of the global batch: equal, by data.balance-weights, "
+       "or auto from each rank's measured speed");
+  bind("data.balance-weights", c.data.balance_weights, "data.balance = weights: one weight per rank, e.g. 2,1");
+  bind("data.balance-every", c.data.balance_every, "data.balance = auto: re-measure the ranks' speeds every N steps");
+  bind("data.max-micro-batch", c.data.max_micro_batch, "most samples in one of this node's micro-batches (memory); "
+       "a larger share takes more accumulation micro-steps; 0 = no cap", node);
 
   bind("optim.name", c.optim.name, "optimizer", fixed);
   bind("optim.lr", c.optim.lr, "peak learning rate");
@@ -152,6 +169,8 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("model.type-vocab", c.model.type_vocab, "bert: segment (token type) embeddings", fixed);
   bind("model.vocab-size", c.model.vocab_size, "bert: vocabulary; 0 = the data's (manifest.json or vocab.txt)", fixed);
   bind("model.attention-dropout", c.model.attention_dropout, "bert: dropout on attention probabilities", fixed);
+  bind("model.dropout-rng", c.model.dropout_rng, "dropout masks: sample = keyed by (seed, step, sample id), the same "
+       "on any world size and split; rank = each rank's torch generator", fixed);
   bind("model.init", c.model.init, "start from these weights (model.safetensors, export, checkpoint or run dir); '' = fresh", fixed);
 }
 
@@ -263,7 +282,9 @@ void ConfigBinding::apply_file(const std::string& path) {
     }
     CLI::Option* opt = it->second->option;
     if (opt->count() > 0) continue;  // the command line wins
-    COHORT_CHECK(item.inputs.size() == 1, UsageError, "config ", path, ": key '", name,
+    const bool list = opt->get_expected_max() > 1;
+    if (list && item.inputs.empty()) continue;  // [] : the default, no weights
+    COHORT_CHECK(item.inputs.size() == 1 || list, UsageError, "config ", path, ": key '", name,
                  "' takes one value, got ", item.inputs.size());
     try {
       opt->add_result(item.inputs);
@@ -315,6 +336,13 @@ void validate(const Config& c) {
   require(c.data.workers >= 0, "data.workers", c.data.workers, "must be >= 0");
   require(c.data.prefetch >= 1, "data.prefetch", c.data.prefetch, "must be >= 1");
   require(c.data.bucket >= 0, "data.bucket", c.data.bucket, "must be >= 0");
+  for (double w : c.data.balance_weights) {
+    require(std::isfinite(w) && w > 0, "data.balance-weights", w, "must all be > 0");
+  }
+  require(c.data.balance != Balance::kWeights || !c.data.balance_weights.empty(), "data.balance-weights", "[]",
+          "must give one weight per rank when data.balance = weights");
+  require(c.data.balance_every >= 1, "data.balance-every", c.data.balance_every, "must be >= 1");
+  require(c.data.max_micro_batch >= 0, "data.max-micro-batch", c.data.max_micro_batch, "must be >= 0");
 
   require(c.optim.lr > 0, "optim.lr", c.optim.lr, "must be > 0");
   require(c.optim.weight_decay >= 0, "optim.weight-decay", c.optim.weight_decay, "must be >= 0");

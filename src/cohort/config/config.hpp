@@ -40,6 +40,10 @@ struct DataOptions {
   int prefetch = 4;           // micro-batches prepared ahead per rank
   bool drop_last = false;     // drop the epoch's last, short global batch
   int64_t bucket = 0;         // length bucketing window, in global batches; 0: off
+  Balance balance = Balance::kEqual;   // each rank's share of the global batch
+  std::vector<double> balance_weights;  // balance = weights: one per rank
+  int64_t balance_every = 5;   // balance = auto: re-measure every N steps
+  int64_t max_micro_batch = 0;  // cap on a rank's micro-batch; 0: none
 };
 
 struct OptimOptions {
@@ -95,6 +99,7 @@ struct ModelOptions {
   int64_t type_vocab = 2;
   int64_t vocab_size = 0;     // 0: the data's vocabulary (manifest.json or vocab.txt)
   double attention_dropout = 0.1;
+  DropoutRng dropout_rng = DropoutRng::kSample;  // masks per sample, or from each rank's generator
   std::string init;           // start from these weights: a model.safetensors, an
                               // export dir, a checkpoint dir or a run dir
 };

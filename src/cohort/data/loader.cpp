@@ -1,13 +1,19 @@
 #include "cohort/data/loader.hpp"
 
+#include <numeric>
+
 #include "cohort/core/error.hpp"
+#include "cohort/data/balance.hpp"
 
 namespace cohort {
 
 Loader::Loader(const Dataset& data, const GlobalOrder& order, LoaderOptions opts, Cursor start)
-    : data_(data), order_(order), opts_(opts), start_(start) {
+    : data_(data), order_(order), opts_(std::move(opts)), start_(start) {
   COHORT_CHECK(opts_.world_size >= 1 && opts_.rank >= 0 && opts_.rank < opts_.world_size, Error,
                "loader: rank ", opts_.rank, " is outside world size ", opts_.world_size);
+  shares_ = opts_.shares.empty() ? std::vector<int64_t>(static_cast<size_t>(opts_.world_size), 1) : opts_.shares;
+  COHORT_CHECK(static_cast<int>(shares_.size()) == opts_.world_size, Error, "loader: ", shares_.size(),
+               " shares for ", opts_.world_size, " ranks");
   COHORT_CHECK(start_.consumed >= 0 && start_.consumed < order_.usable(), Error,
                "loader: start cursor ", start_.consumed, " is outside the epoch's ", order_.usable(),
                " samples");
@@ -23,15 +29,21 @@ Loader::~Loader() {
   for (auto& t : threads_) t.join();
 }
 
-StepBatch Loader::build(int64_t k) const {
+StepBatch Loader::build(int64_t k, const std::vector<int64_t>& shares) const {
   StepBatch out;
   out.cursor = order_.cursor_after(start_, k);
   out.next = order_.advance(out.cursor);
   out.global_samples = order_.batch_size_at(out.cursor);
   auto perm = order_.permutation(out.cursor.epoch);
-  Slice mine = split_evenly(out.global_samples, opts_.rank, opts_.world_size);
-  for (int64_t m = 0; m < opts_.accum_steps; ++m) {
-    Slice micro = split_evenly(mine.size(), m, opts_.accum_steps);
+  Slice mine = weighted_slice(out.global_samples, shares, opts_.rank);
+  int64_t micro_steps = opts_.accum_steps;
+  if (opts_.max_micro_batch > 0) {
+    micro_steps = std::max(micro_steps, (mine.size() + opts_.max_micro_batch - 1) / opts_.max_micro_batch);
+  }
+  for (int64_t m = 0; m < micro_steps; ++m) {
+    Slice micro = split_evenly(mine.size(), m, micro_steps);
+    out.micro_rows.push_back({static_cast<int64_t>(out.indices.size()),
+                              static_cast<int64_t>(out.indices.size()) + micro.size()});
     std::vector<int64_t> ids;
     ids.reserve(static_cast<size_t>(micro.size()));
     for (int64_t i = micro.begin; i < micro.end; ++i) {
@@ -47,24 +59,42 @@ StepBatch Loader::build(int64_t k) const {
   return out;
 }
 
+void Loader::reshare(std::vector<int64_t> shares) {
+  COHORT_CHECK(static_cast<int>(shares.size()) == opts_.world_size, Error, "loader: ", shares.size(),
+               " shares for ", opts_.world_size, " ranks");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shares_ = std::move(shares);
+    ++version_;
+    ready_.clear();
+    failed_.clear();
+    next_to_claim_ = next_to_return_;
+  }
+  cv_.notify_all();
+}
+
 void Loader::work() {
   for (;;) {
-    int64_t k;
+    int64_t k, version;
+    std::vector<int64_t> shares;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || next_to_claim_ < next_to_return_ + opts_.prefetch; });
       if (stop_) return;
       k = next_to_claim_++;
+      shares = shares_;
+      version = version_;
     }
     StepBatch batch;
     std::exception_ptr error;
     try {
-      batch = build(k);
+      batch = build(k, shares);
     } catch (...) {
       error = std::current_exception();
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (version != version_) continue;  // dealt with old shares: reshare() reclaimed it
       if (error) failed_[k] = error;
       else ready_[k] = std::move(batch);
     }
@@ -73,7 +103,7 @@ void Loader::work() {
 }
 
 StepBatch Loader::next() {
-  if (threads_.empty()) return build(next_to_return_++);
+  if (threads_.empty()) return build(next_to_return_++, shares_);
   std::unique_lock<std::mutex> lock(mu_);
   int64_t k = next_to_return_;
   cv_.wait(lock, [&] { return ready_.count(k) || failed_.count(k); });

@@ -2,9 +2,11 @@
 //
 // The loader turns the global order into this rank's micro-batches, step by
 // step, and prepares them on background threads so compute never waits on
-// data. Step k's batch is a pure function of (start cursor, k, rank, world),
-// so workers can build steps out of order; the consumer still receives them
-// in order.
+// data. Step k's batch is a pure function of (start cursor, k, rank, the
+// shares in effect at k), so workers can build steps out of order; the
+// consumer still receives them in order. A rank's share is split into
+// optim.accum-steps micro-batches, or more when data.max-micro-batch caps
+// their size.
 #pragma once
 
 #include <condition_variable>
@@ -28,12 +30,16 @@ struct StepBatch {
   std::vector<Example> micro;  // this rank's micro-batches; an empty Example
                                // when this rank's share is empty
   std::vector<int64_t> indices;  // this rank's sample ids, in order
+  std::vector<Slice> micro_rows; // per micro-batch, its ids in `indices`
 };
 
 struct LoaderOptions {
   int rank = 0;
   int world_size = 1;
   int64_t accum_steps = 1;
+  int64_t max_micro_batch = 0;      // 0: no cap
+  std::vector<int64_t> shares;      // per rank, the shares of a full global
+                                    // batch (data/balance.hpp); empty: equal
   int workers = 1;   // 0: build batches on the caller's thread
   int prefetch = 4;  // steps built ahead of the consumer
   bool pin_memory = false;  // page-locked batches, for non-blocking copies to a GPU
@@ -49,8 +55,13 @@ class Loader {
   // The next step's batch. Rethrows a worker's exception (a bad sample).
   StepBatch next();
 
-  // Builds step `k` after the start cursor. Pure; used by the workers.
-  StepBatch build(int64_t k) const;
+  // Deals every step not yet returned by next() with these shares (one
+  // per rank, summing to the global batch). Batches already prepared are
+  // rebuilt. Every rank calls it at the same step.
+  void reshare(std::vector<int64_t> shares);
+
+  // Builds step `k` after the start cursor with `shares`. Pure.
+  StepBatch build(int64_t k, const std::vector<int64_t>& shares) const;
 
  private:
   void work();
@@ -66,6 +77,8 @@ class Loader {
   int64_t next_to_return_ = 0;  // next step next() returns
   std::map<int64_t, StepBatch> ready_;
   std::map<int64_t, std::exception_ptr> failed_;
+  std::vector<int64_t> shares_;  // in effect from next_to_return_ on
+  int64_t version_ = 0;          // bumped by reshare: older builds are dropped
   bool stop_ = false;
   std::vector<std::thread> threads_;
 };

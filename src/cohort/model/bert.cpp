@@ -6,6 +6,7 @@
 
 #include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/model/dropout.hpp"
 
 namespace cohort {
 
@@ -31,53 +32,66 @@ BertConfig BertConfig::from(const ModelOptions& o, int64_t data_vocab_size) {
 
 namespace {
 
+// Dropout sites (model/dropout.hpp): the embeddings' is 0, layer i's are
+// 3i+1 (attention probabilities), 3i+2 (attention output), 3i+3 (feed-forward output).
+uint64_t layer_site(int64_t layer, int which) { return static_cast<uint64_t>(3 * layer + which); }
+
 // Hugging Face's module tree, so parameter names match BertForPreTraining.
 struct SelfAttentionImpl : nn::Module {
-  SelfAttentionImpl(const BertConfig& c)
+  SelfAttentionImpl(const BertConfig& c, int64_t layer)
       : heads(c.heads),
         head_dim(c.hidden / c.heads),
         query(register_module("query", nn::Linear(c.hidden, c.hidden))),
         key(register_module("key", nn::Linear(c.hidden, c.hidden))),
         value(register_module("value", nn::Linear(c.hidden, c.hidden))),
-        dropout(register_module("dropout", nn::Dropout(c.attention_dropout))) {}
+        dropout(register_module("dropout", SampleDropout(c.attention_dropout, layer_site(layer, 1)))) {}
 
   // x [B,L,H]; keep [B,1,1,L], true where a key is a real token. One fused
   // scaled_dot_product_attention (libtorch picks the kernel), with the
-  // attention dropout only while training.
+  // attention dropout only while training. Per-sample dropout masks need
+  // the probabilities themselves, so that path computes them explicitly.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& keep) {
     auto b = x.size(0), l = x.size(1);
     auto split = [&](const torch::Tensor& t) { return t.view({b, l, heads, head_dim}).transpose(1, 2); };
     auto q = split(query(x)), k = split(key(x)), v = split(value(x));
-    double p = is_training() ? dropout->options.p() : 0.0;
-    auto ctx = at::scaled_dot_product_attention(q, k, v, keep, p);  // [B,A,L,D]
+    double p = is_training() ? dropout->p() : 0.0;
+    torch::Tensor ctx;  // [B,A,L,D]
+    if (p > 0 && DropoutRows::current() != nullptr) {
+      auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
+      auto probs = torch::softmax(scores.masked_fill(keep.logical_not(), -INFINITY), -1);
+      ctx = torch::matmul(dropout(probs), v);
+    } else {
+      ctx = at::scaled_dot_product_attention(q, k, v, keep, p);
+    }
     return ctx.transpose(1, 2).reshape({b, l, heads * head_dim});
   }
 
   int64_t heads, head_dim;
   nn::Linear query, key, value;
-  nn::Dropout dropout;
+  SampleDropout dropout;
 };
 TORCH_MODULE(SelfAttention);
 
 // dense -> dropout -> LayerNorm(residual + .), HF's BertSelfOutput / BertOutput.
 struct ResidualOutImpl : nn::Module {
-  ResidualOutImpl(const BertConfig& c, int64_t in)
+  ResidualOutImpl(const BertConfig& c, int64_t in, uint64_t site)
       : dense(register_module("dense", nn::Linear(in, c.hidden))),
         LayerNorm(register_module("LayerNorm",
                                   nn::LayerNorm(nn::LayerNormOptions({c.hidden}).eps(c.layer_norm_eps)))),
-        dropout(register_module("dropout", nn::Dropout(c.hidden_dropout))) {}
+        dropout(register_module("dropout", SampleDropout(c.hidden_dropout, site))) {}
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& residual) {
     return LayerNorm(dropout(dense(x)) + residual);
   }
   nn::Linear dense;
   nn::LayerNorm LayerNorm;
-  nn::Dropout dropout;
+  SampleDropout dropout;
 };
 TORCH_MODULE(ResidualOut);
 
 struct AttentionImpl : nn::Module {
-  AttentionImpl(const BertConfig& c)
-      : self(register_module("self", SelfAttention(c))), output(register_module("output", ResidualOut(c, c.hidden))) {}
+  AttentionImpl(const BertConfig& c, int64_t layer)
+      : self(register_module("self", SelfAttention(c, layer))),
+        output(register_module("output", ResidualOut(c, c.hidden, layer_site(layer, 2)))) {}
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& keep) { return output(self(x, keep), x); }
   SelfAttention self;
   ResidualOut output;
@@ -91,10 +105,10 @@ struct DenseImpl : nn::Module {  // HF's BertIntermediate: a module holding `den
 TORCH_MODULE(Dense);
 
 struct LayerImpl : nn::Module {
-  LayerImpl(const BertConfig& c)
-      : attention(register_module("attention", Attention(c))),
+  LayerImpl(const BertConfig& c, int64_t layer)
+      : attention(register_module("attention", Attention(c, layer))),
         intermediate(register_module("intermediate", Dense(c.hidden, c.intermediate))),
-        output(register_module("output", ResidualOut(c, c.intermediate))) {}
+        output(register_module("output", ResidualOut(c, c.intermediate, layer_site(layer, 3)))) {}
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& keep) {
     auto a = attention(x, keep);
     return output(torch::gelu(intermediate->dense(a)), a);
@@ -112,7 +126,7 @@ struct EmbeddingsImpl : nn::Module {
         token_type_embeddings(register_module("token_type_embeddings", nn::Embedding(c.type_vocab, c.hidden))),
         LayerNorm(register_module("LayerNorm",
                                   nn::LayerNorm(nn::LayerNormOptions({c.hidden}).eps(c.layer_norm_eps)))),
-        dropout(register_module("dropout", nn::Dropout(c.hidden_dropout))) {}
+        dropout(register_module("dropout", SampleDropout(c.hidden_dropout, 0))) {}
   torch::Tensor forward(const torch::Tensor& ids, const torch::Tensor& segments) {
     auto positions = torch::arange(ids.size(1), ids.options()).unsqueeze(0);
     auto e = word_embeddings(ids) + position_embeddings(positions) + token_type_embeddings(segments);
@@ -120,13 +134,13 @@ struct EmbeddingsImpl : nn::Module {
   }
   nn::Embedding word_embeddings, position_embeddings, token_type_embeddings;
   nn::LayerNorm LayerNorm;
-  nn::Dropout dropout;
+  SampleDropout dropout;
 };
 TORCH_MODULE(Embeddings);
 
 struct EncoderImpl : nn::Module {
   EncoderImpl(const BertConfig& c) : layer(register_module("layer", nn::ModuleList())) {
-    for (int64_t i = 0; i < c.layers; ++i) layer->push_back(Layer(c));
+    for (int64_t i = 0; i < c.layers; ++i) layer->push_back(Layer(c, i));
   }
   nn::ModuleList layer;
 };

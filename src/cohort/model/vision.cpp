@@ -8,6 +8,7 @@
 #include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/registry.hpp"
+#include "cohort/model/dropout.hpp"
 
 namespace cohort {
 
@@ -18,16 +19,17 @@ struct MlpImpl : torch::nn::Module {
       : fc1(register_module("fc1", torch::nn::Linear(s.height * s.width, o.hidden))),
         fc2(register_module("fc2", torch::nn::Linear(o.hidden, o.hidden))),
         out(register_module("out", torch::nn::Linear(o.hidden, s.classes))),
-        dropout(register_module("dropout", torch::nn::Dropout(o.dropout))) {}
+        dropout1(register_module("dropout1", SampleDropout(o.dropout, 0))),
+        dropout2(register_module("dropout2", SampleDropout(o.dropout, 1))) {}
 
   torch::Tensor forward(const torch::Tensor& x) {
     auto h = torch::relu(fc1(x.flatten(1)));
-    h = torch::relu(fc2(dropout(h)));
-    return out(dropout(h));
+    h = torch::relu(fc2(dropout1(h)));
+    return out(dropout2(h));
   }
 
   torch::nn::Linear fc1, fc2, out;
-  torch::nn::Dropout dropout;
+  SampleDropout dropout1, dropout2;
 };
 
 struct CnnImpl : torch::nn::Module {
@@ -36,7 +38,7 @@ struct CnnImpl : torch::nn::Module {
         conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1)))),
         fc(register_module("fc", torch::nn::Linear(64 * (s.height / 4) * (s.width / 4), o.hidden))),
         out(register_module("out", torch::nn::Linear(o.hidden, s.classes))),
-        dropout(register_module("dropout", torch::nn::Dropout(o.dropout))) {}
+        dropout(register_module("dropout", SampleDropout(o.dropout, 0))) {}
 
   torch::Tensor forward(const torch::Tensor& x) {
     auto h = torch::max_pool2d(torch::relu(conv1(x)), 2);
@@ -47,7 +49,7 @@ struct CnnImpl : torch::nn::Module {
 
   torch::nn::Conv2d conv1, conv2;
   torch::nn::Linear fc, out;
-  torch::nn::Dropout dropout;
+  SampleDropout dropout;
 };
 
 template <class Impl>

@@ -17,6 +17,8 @@ nlohmann::json to_json(const TrainReport& r) {
   for (const auto& [name, ms] : r.phase_ms) phases[name] = ms;
   line["phase_ms"] = phases;
   line["slowest_rank"] = r.slowest_rank;
+  line["idle_ms"] = r.idle_ms;
+  if (!r.balance.empty()) line["balance"] = r.balance;
   return line;
 }
 

@@ -54,6 +54,10 @@ struct TrainReport {
   // "forward", ...), and the rank with the most compute.
   std::vector<std::pair<std::string, double>> phase_ms;
   int slowest_rank = 0;
+  // Mean ms per step the ranks waited for the one with the most compute:
+  // what data.balance removes.
+  double idle_ms = 0;
+  std::vector<int64_t> balance;  // data.balance: each rank's samples of a full global batch; empty when equal
 };
 
 struct EvalReport {

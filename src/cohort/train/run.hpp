@@ -35,6 +35,7 @@ struct RunOptions {
   // and (log.tensorboard) TensorBoard.
   std::shared_ptr<Reporter> reporter;
   int debug_delay_ms = 0;    // testing aid: sleep this long in every forward
+  double debug_slowdown = 1; // testing aid: compute this many times slower (sleeps)
 
   RunMode mode() const { return resume ? RunMode::kResume : overwrite ? RunMode::kOverwrite : RunMode::kFresh; }
 };

@@ -22,6 +22,7 @@ TrainState::Snapshot TrainState::capture(Comm& comm, int64_t train_samples) cons
   s.state.samples_seen = samples_seen;
   s.state.world_size = comm.size();
   s.state.train_samples = train_samples;
+  s.state.balance_shares = balance_shares;
   for (size_t r = 0; r < states.size(); ++r) s.rng.emplace_back("rank." + std::to_string(r), states[r].to(torch::kUInt8));
   if (scaler.enabled()) s.rng.emplace_back("loss_scaler", scaler.state());
   return s;
@@ -31,6 +32,7 @@ void TrainState::restore(const ResolvedCheckpoint& from, const World& world) {
   step = from.state.step;
   cursor = from.state.cursor;
   samples_seen = from.state.samples_seen;
+  balance_shares = from.state.balance_shares;
   auto rng = load_safetensors((std::filesystem::path(from.dir) / "rng.safetensors").string());
   if (auto ls = rng.tensors.find("loss_scaler"); ls != rng.tensors.end()) scaler.restore(ls->second);
   if (from.state.world_size != world.world_size) return;

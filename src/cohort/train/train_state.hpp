@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/data/order.hpp"
@@ -21,6 +22,7 @@ struct TrainState {
   Cursor cursor;             // where the next global batch starts
   int64_t samples_seen = 0;  // all ranks
   LossScaler scaler{false};
+  std::vector<int64_t> balance_shares;  // the split of a full global batch
 
   // The checkpoint's record and its rng.safetensors tensors (every rank's
   // generator, the loss scale). Collective: every rank calls it; the

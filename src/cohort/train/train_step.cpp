@@ -1,10 +1,12 @@
 #include "cohort/train/train_step.hpp"
 
+#include <optional>
 #include <thread>
 
 #include "cohort/core/error.hpp"
 #include "cohort/distributed/comm.hpp"
 #include "cohort/distributed/grad_sync.hpp"
+#include "cohort/model/dropout.hpp"
 #include "cohort/obs/reporter.hpp"
 #include "cohort/train/precision.hpp"
 #include "cohort/train/task.hpp"
@@ -59,6 +61,12 @@ StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch
     auto t0 = Clock::now();
     TaskOutput out;
     {
+      std::optional<DropoutRows> rows;
+      if (parts.dropout_rng == DropoutRng::kSample) {
+        const Slice r = batch.micro_rows.at(m);
+        rows.emplace(parts.seed, state.step,
+                     std::vector<int64_t>(batch.indices.begin() + r.begin, batch.indices.begin() + r.end));
+      }
       AutocastScope autocast(parts.precision, parts.device);
       out = parts.task.forward(to_device(micro, parts.device));
     }
@@ -67,7 +75,12 @@ StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch
     torch::Tensor loss = out.loss_sums.at(0) / units[0];
     for (size_t i = 1; i < out.loss_sums.size(); ++i) loss = loss + out.loss_sums[i] / units[i];
     state.scaler.scale(loss).backward();
-    timer.lap(Phase::kBackward, t1);
+    if (parts.debug_slowdown > 1) {  // a device this many times slower
+      std::this_thread::sleep_for(std::chrono::duration<double>((parts.debug_slowdown - 1) * seconds_since(t0)));
+    }
+    auto t2 = timer.lap(Phase::kBackward, t1);
+    result.compute_s += std::chrono::duration<double>(t2 - t0).count();
+    result.samples += batch.micro_rows.at(m).size();
     result.tally.merge(out.tally);
   }
   auto t_comm = Clock::now();

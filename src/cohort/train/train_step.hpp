@@ -35,13 +35,18 @@ struct StepParts {
   Precision precision;  // resolved: fp32, bf16 or fp16
   c10::Device device;
   double clip_norm = 0;
-  int debug_delay_ms = 0;  // testing aid: a slow rank
+  DropoutRng dropout_rng = DropoutRng::kSample;
+  uint64_t seed = 0;          // train.seed: keys per-sample dropout masks
+  int debug_delay_ms = 0;     // testing aid: a slow rank
+  double debug_slowdown = 1;  // testing aid: compute this many times slower
 };
 
 struct StepResult {
   double loss = 0;     // this rank's share of the step's mean loss
   Tally tally;         // this rank's metric sums
   int64_t units = 0;   // global throughput units (images, tokens)
+  int64_t samples = 0;     // this rank's samples
+  double compute_s = 0;    // this rank's forward + backward seconds
 };
 
 // Takes step `state.step` on `batch` (collective: every rank calls it with

@@ -8,6 +8,7 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/sha256.hpp"
+#include "cohort/data/balance.hpp"
 #include "cohort/data/loader.hpp"
 #include "cohort/distributed/comm.hpp"
 #include "cohort/distributed/grad_sync.hpp"
@@ -72,8 +73,9 @@ void report_phases(Comm& comm, const PhaseTimer& timer, TrainReport& r) {
   auto all = torch::stack(comm.all_gather(mine, "step-time report"));  // [ranks, phases]
   auto worst = std::get<0>(all.max(0));
   auto col = [&](Phase p) { return all.select(1, static_cast<int64_t>(p)); };
-  r.slowest_rank = static_cast<int>((col(Phase::kForward) + col(Phase::kBackward) + col(Phase::kOptim))
-                                        .argmax().item<int64_t>());
+  auto compute = col(Phase::kForward) + col(Phase::kBackward) + col(Phase::kOptim);
+  r.slowest_rank = static_cast<int>(compute.argmax().item<int64_t>());
+  r.idle_ms = (compute.max() - compute).mean().item<double>() * 1e3;
   for (int i = 0; i < kPhaseCount; ++i) {
     r.phase_ms.emplace_back(phase_name(static_cast<Phase>(i)), worst[i].item<double>() * 1e3);
   }
@@ -94,6 +96,15 @@ std::shared_ptr<Reporter> rank_reporter(const RunOptions& run, const World& worl
   if (!world.is_main()) return std::make_shared<Reporter>();
   if (run.reporter) return run.reporter;
   return default_reporter(run, tensorboard);
+}
+
+// "rank 0 41 samples, rank 1 23"
+std::string describe_split(const std::vector<int64_t>& shares) {
+  std::string out;
+  for (size_t r = 0; r < shares.size(); ++r) {
+    out += strf("%srank %zu %lld%s", r ? ", " : "", r, static_cast<long long>(shares[r]), r ? "" : " samples");
+  }
+  return out;
 }
 
 // Training metrics since the last log line.
@@ -119,7 +130,9 @@ struct Trainer::Parts {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::unique_ptr<GradSync> grad_sync;
   LrSchedule schedule;
+  std::unique_ptr<Balancer> balancer;
   std::unique_ptr<Loader> loader;
+  double window_samples = 0, window_compute_s = 0;  // this rank's, since the last rebalance
   std::unique_ptr<Checkpoints> checkpoints;
   std::shared_ptr<Reporter> reporter;  // rank 0's; a silent one elsewhere
   std::ofstream sample_log;            // log.sample-ids: this rank's ids per step
@@ -136,10 +149,13 @@ struct Trainer::Parts {
   void resume(const ResolvedCheckpoint& from);
   void open_outputs();
   void begin();
-  StepParts step_parts() { return {*task, comm, *grad_sync, *optimizer, schedule, precision, world.device,
-                                   cfg.optim.clip_norm, run.debug_delay_ms}; }
+  StepParts step_parts() {
+    return {*task, comm, *grad_sync, *optimizer, schedule, precision, world.device, cfg.optim.clip_norm,
+            cfg.model.dropout_rng, cfg.train.seed, run.debug_delay_ms, run.debug_slowdown};
+  }
   StepBatch next_batch();
   void finish_step(const StepBatch& batch, const StepResult& result);
+  void rebalance(const StepResult& result);
   void log_train(int64_t epoch);
   void run_eval();
   bool eval_due(const StepBatch& batch) const;
@@ -171,8 +187,18 @@ Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
   schedule = LrSchedule::from(cfg.optim, total_steps);
   interval.tally = task->empty_tally();
   if (run.resume) resume(*run.resume);
-  LoaderOptions lo{world.rank,      world.world_size, cfg.optim.accum_steps, cfg.data.workers,
-                   cfg.data.prefetch, world.device.is_cuda()};
+  balancer = std::make_unique<Balancer>(cfg.data.balance, cfg.data.global_batch, world.world_size,
+                                        cfg.data.balance_weights, state.balance_shares);
+  state.balance_shares = balancer->shares();
+  LoaderOptions lo;
+  lo.rank = world.rank;
+  lo.world_size = world.world_size;
+  lo.accum_steps = cfg.optim.accum_steps;
+  lo.max_micro_batch = cfg.data.max_micro_batch;
+  lo.shares = balancer->shares();
+  lo.workers = cfg.data.workers;
+  lo.prefetch = cfg.data.prefetch;
+  lo.pin_memory = world.device.is_cuda();
   loader = std::make_unique<Loader>(task->train_set(), *order, lo, state.cursor);
   checkpoints = std::make_unique<Checkpoints>(run.out_dir, cfg.ckpt.keep);
   // Ranks started with different configs or data would drift or hang later:
@@ -244,6 +270,9 @@ void Trainer::Parts::begin() {
                          static_cast<long long>(cfg.optim.accum_steps),
                          static_cast<long long>(order->steps_per_epoch()), static_cast<long long>(total_steps),
                          name_of(schedule.kind), schedule.peak, static_cast<long long>(schedule.warmup)));
+  if (balancer->mode() != Balance::kEqual) {
+    reporter->message(strf("cohort: balance %s: %s", name_of(balancer->mode()), describe_split(balancer->shares()).c_str()));
+  }
   if (state.step >= total_steps) {
     reporter->message(strf("cohort: nothing to do: already at step %lld of %lld (raise train.max-steps or "
                            "train.epochs)", static_cast<long long>(state.step), static_cast<long long>(total_steps)));
@@ -277,6 +306,32 @@ void Trainer::Parts::finish_step(const StepBatch& batch, const StepResult& resul
                       interval.units / std::max(secs, 1e-9), task->unit_name(), eta()});
 }
 
+// data.balance = auto: every balance-every steps the ranks pool their
+// measured speeds and re-deal the coming steps. Every rank takes the same
+// decision from the same figures, at the same step. The session's first
+// step (warm-up) is not measured.
+void Trainer::Parts::rebalance(const StepResult& result) {
+  if (balancer->mode() != Balance::kAuto || world.world_size < 2) return;
+  if (state.step > start_step + 1) {
+    window_samples += static_cast<double>(result.samples);
+    window_compute_s += result.compute_s;
+  }
+  if ((state.step - start_step) % cfg.data.balance_every != 0 || state.step == total_steps) return;
+  std::vector<double> mine(2 * static_cast<size_t>(world.world_size), 0.0);
+  mine[static_cast<size_t>(world.rank)] = window_samples;
+  mine[static_cast<size_t>(world.world_size + world.rank)] = window_compute_s;
+  auto all = comm.all_reduce_sum(mine, "balance measurement");
+  window_samples = window_compute_s = 0;
+  std::vector<double> samples(all.begin(), all.begin() + world.world_size), seconds(all.begin() + world.world_size, all.end());
+  if (!balancer->update(samples, seconds)) return;
+  loader->reshare(balancer->shares());
+  state.balance_shares = balancer->shares();
+  std::string speeds;
+  for (double s : balancer->speeds()) speeds += strf("%s%.0f", speeds.empty() ? "" : ", ", s);
+  reporter->message(strf("balance: step %lld: %s (measured %s samples/s)", static_cast<long long>(state.step),
+                         describe_split(balancer->shares()).c_str(), speeds.c_str()));
+}
+
 void Trainer::Parts::log_train(int64_t epoch) {
   comm.agree({state.step, state.cursor.epoch, state.cursor.consumed}, {"step", "epoch", "cursor"}, "the step check");
   TrainReport r;
@@ -291,6 +346,7 @@ void Trainer::Parts::log_train(int64_t epoch) {
   interval.tally.unflatten(comm.all_reduce_sum(interval.tally.flatten(), "training metrics"));
   r.metrics = task->report(interval.tally);
   report_phases(comm, interval.phases, r);
+  if (balancer->mode() != Balance::kEqual) r.balance = balancer->shares();
   reporter->train(r);
   interval = Interval();
   interval.tally = task->empty_tally();
@@ -355,6 +411,7 @@ RunSummary Trainer::run() {
     StepBatch batch = p.next_batch();
     StepResult result = train_step(p.step_parts(), p.state, batch, p.interval.phases);
     p.finish_step(batch, result);
+    p.rebalance(result);
     bool last = p.state.step == p.total_steps;
     if (p.due(p.cfg.log.every_steps) || last) p.log_train(batch.cursor.epoch);
     if (p.eval_due(batch)) p.run_eval();

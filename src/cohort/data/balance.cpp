@@ -1,0 +1,118 @@
+#include "cohort/data/balance.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "cohort/core/error.hpp"
+
+namespace cohort {
+
+namespace {
+
+// Floors plus one for the `left` largest remainders; `remainder(i)` orders
+// ranks (larger first, ties to the lower rank).
+template <class Rem>
+void hand_out(std::vector<int64_t>& shares, int64_t left, Rem remainder) {
+  std::vector<size_t> order(shares.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return remainder(a) > remainder(b); });
+  for (int64_t i = 0; i < left; ++i) ++shares[order[static_cast<size_t>(i) % order.size()]];
+}
+
+}  // namespace
+
+std::vector<int64_t> split_by_weights(int64_t n, const std::vector<int64_t>& weights) {
+  __int128 total = 0;
+  for (int64_t w : weights) {
+    COHORT_CHECK(w >= 0, Error, "split_by_weights: negative weight ", w);
+    total += w;
+  }
+  COHORT_CHECK(!weights.empty() && total > 0 && n >= 0, Error, "split_by_weights: no positive weight");
+  std::vector<int64_t> shares(weights.size());
+  std::vector<__int128> rem(weights.size());
+  int64_t dealt = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    __int128 q = static_cast<__int128>(n) * weights[i];
+    shares[i] = static_cast<int64_t>(q / total);
+    rem[i] = q % total;
+    dealt += shares[i];
+  }
+  hand_out(shares, n - dealt, [&](size_t i) { return rem[i]; });
+  return shares;
+}
+
+Slice weighted_slice(int64_t n, const std::vector<int64_t>& weights, int rank) {
+  auto shares = split_by_weights(n, weights);
+  int64_t begin = std::accumulate(shares.begin(), shares.begin() + rank, int64_t{0});
+  return {begin, begin + shares[static_cast<size_t>(rank)]};
+}
+
+std::vector<int64_t> shares_for_speeds(int64_t n, const std::vector<double>& speeds, int64_t min_share) {
+  const auto ranks = static_cast<int64_t>(speeds.size());
+  double total = 0;
+  for (double s : speeds) {
+    COHORT_CHECK(std::isfinite(s) && s > 0, Error, "shares_for_speeds: speed ", s, " is not positive");
+    total += s;
+  }
+  COHORT_CHECK(ranks > 0, Error, "shares_for_speeds: no ranks");
+  int64_t floor_each = n >= min_share * ranks ? min_share : 0;
+  int64_t rest = n - floor_each * ranks;
+  std::vector<int64_t> shares(speeds.size());
+  std::vector<double> rem(speeds.size());
+  int64_t dealt = 0;
+  for (size_t i = 0; i < speeds.size(); ++i) {
+    double q = static_cast<double>(rest) * speeds[i] / total;
+    shares[i] = std::min(rest, static_cast<int64_t>(std::floor(q)));
+    rem[i] = q - static_cast<double>(shares[i]);
+    dealt += shares[i];
+  }
+  hand_out(shares, rest - dealt, [&](size_t i) { return rem[i]; });
+  for (auto& s : shares) s += floor_each;
+  return shares;
+}
+
+double predicted_seconds(const std::vector<int64_t>& shares, const std::vector<double>& speeds) {
+  double worst = 0;
+  for (size_t i = 0; i < shares.size(); ++i) worst = std::max(worst, static_cast<double>(shares[i]) / speeds[i]);
+  return worst;
+}
+
+Balancer::Balancer(Balance mode, int64_t global_batch, int world_size, const std::vector<double>& weights,
+                   const std::vector<int64_t>& resumed)
+    : mode_(mode), global_batch_(global_batch), speeds_(static_cast<size_t>(world_size), 0.0) {
+  shares_ = split_by_weights(global_batch, std::vector<int64_t>(static_cast<size_t>(world_size), 1));
+  if (mode == Balance::kWeights) {
+    COHORT_CHECK(static_cast<int>(weights.size()) == world_size, ConfigError, "data.balance-weights has ",
+                 weights.size(), " weight(s) but the world has ", world_size, " rank(s): give one per rank");
+    shares_ = shares_for_speeds(global_batch, weights, 0);
+  } else if (mode == Balance::kAuto && static_cast<int>(resumed.size()) == world_size &&
+             std::accumulate(resumed.begin(), resumed.end(), int64_t{0}) == global_batch) {
+    shares_ = resumed;
+  }
+}
+
+bool Balancer::update(const std::vector<double>& samples, const std::vector<double>& seconds) {
+  if (mode_ != Balance::kAuto || shares_.size() < 2) return false;
+  // A rank that computed nothing this window keeps its last speed; one
+  // never measured takes the mean of the measured ones.
+  double measured_sum = 0;
+  int measured = 0;
+  for (size_t i = 0; i < speeds_.size(); ++i) {
+    if (samples[i] > 0 && seconds[i] > 0) speeds_[i] = samples[i] / seconds[i];
+    if (speeds_[i] > 0) measured_sum += speeds_[i], ++measured;
+  }
+  if (measured == 0) return false;
+  std::vector<double> speeds = speeds_;
+  for (auto& s : speeds) {
+    if (s <= 0) s = measured_sum / measured;
+  }
+  // Every rank keeps at least one sample, so every rank stays measured.
+  auto proposal = shares_for_speeds(global_batch_, speeds, 1);
+  if (proposal == shares_) return false;
+  if (predicted_seconds(proposal, speeds) > (1.0 - kHysteresis) * predicted_seconds(shares_, speeds)) return false;
+  shares_ = std::move(proposal);
+  return true;
+}
+
+}  // namespace cohort
