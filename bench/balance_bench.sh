@@ -10,7 +10,7 @@
 #   auto        2 ranks, data.balance = auto
 # ideal = solo-fast + solo-slow. Targets: auto >= 0.9 ideal, >= 1.3 equal.
 #   bench/balance_bench.sh [ROUNDS] [FACTOR] [extra cohort train args...]
-# Default workload: the CNN on Fashion-MNIST, global batch 128.
+# Default workload: the CNN on Fashion-MNIST, global batch 512, 40 steps.
 set -euo pipefail
 rounds=${1:-3} factor=${2:-2}
 shift $(( $# > 2 ? 2 : $# ))
@@ -18,7 +18,7 @@ src=$(cd "$(dirname "$0")/.." && pwd)
 bin=${COHORT_BIN:-$src/build/cohort}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-common=(--model.name cnn --data.global-batch 128 --train.max-steps 100 --log.every-steps 20
+common=(--model.name cnn --data.global-batch 512 --train.max-steps 40 --log.every-steps 10
         --eval.every-steps 1000000 --eval.max-samples 100 --threads 1 "$@")
 declare -A ARGS=([solo-fast]="--nproc-per-node 1" [solo-slow]="--nproc-per-node 1"
                  [equal]="--nproc-per-node 2" [auto]="--nproc-per-node 2 --data.balance auto")

@@ -64,8 +64,8 @@ std::string long_job(const TempDir& tmp, const std::string& extra) {
 
 // Contract 1: for a fixed seed and global batch, the loss of every step is
 // the same on 1, 2 and 3 ranks (and with accumulation) up to reduction order,
-// and evaluation metrics agree to the last printed digit. Dropout is off: its
-// masks are drawn per rank.
+// and evaluation metrics agree to the last printed digit. Dropout is off
+// here (Balance.DropoutLossDoesNotDependOnTheSplit* covers it).
 TEST(Launch, LossDoesNotDependOnWorldSize) {
   if (!cohort::test::have_fashion_mnist()) GTEST_SKIP() << "SKIPPED: dataset-fashion-mnist is not installed";
   TempDir tmp;

@@ -88,7 +88,8 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
       key->option->default_str(name_of(field))->type_name(choice_list<T>());
       key->to_toml = [&field] { return toml_value(std::string(name_of(field))); };
     } else if constexpr (std::is_same_v<T, std::vector<double>>) {  // a list: 2,1 or [2.0, 1.0]
-      key->option = app.add_option(flags, field, help)->delimiter(',')->type_name("X,Y,...");
+      key->option = app.add_option(flags, field, help)->delimiter(',')->type_name("X,Y,...")->default_str("[]");
+      key->option->expected(1, CLI::detail::expected_max_vector_size);
       key->to_toml = [&field] { return toml_value(field); };
     } else {
       key->option = app.add_option(flags, field, help)->capture_default_str();
