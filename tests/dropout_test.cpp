@@ -12,22 +12,22 @@ TEST(SampleDropout, MaskFollowsTheSampleNotTheBatch) {
   torch::Tensor alone, in_batch, padded;
   {
     DropoutRows rows(7, 12, {42});
-    alone = sample_dropout_mask(ones.slice(0, 0, 1), 0.3, 4);
+    alone = sample_keep_mask(ones.slice(0, 0, 1), 0.3, 4);
   }
   {
     DropoutRows rows(7, 12, {9, 3, 42});  // sample 42 is now the third row
-    in_batch = sample_dropout_mask(ones, 0.3, 4);
+    in_batch = sample_keep_mask(ones, 0.3, 4);
   }
   {
     DropoutRows rows(7, 12, {42, 1});  // and here padded from 5 to 9 positions, 7 to 11 columns
-    padded = sample_dropout_mask(torch::ones({2, 9, 11}), 0.3, 4);
+    padded = sample_keep_mask(torch::ones({2, 9, 11}), 0.3, 4);
   }
   EXPECT_TRUE(torch::equal(in_batch[2], alone[0]));
   EXPECT_TRUE(torch::equal(padded[0].slice(0, 0, 5).slice(1, 0, 7), alone[0]));
   // Another step, site or seed gives another mask.
   DropoutRows other_step(7, 13, {42});
-  EXPECT_FALSE(torch::equal(sample_dropout_mask(ones.slice(0, 0, 1), 0.3, 4), alone));
-  EXPECT_FALSE(torch::equal(sample_dropout_mask(ones.slice(0, 0, 1), 0.3, 5), alone));
+  EXPECT_FALSE(torch::equal(sample_keep_mask(ones.slice(0, 0, 1), 0.3, 4), alone));
+  EXPECT_FALSE(torch::equal(sample_keep_mask(ones.slice(0, 0, 1), 0.3, 5), alone));
 }
 
 TEST(SampleDropout, DropsAboutPAndScalesTheRest) {
@@ -43,7 +43,7 @@ TEST(SampleDropout, DropsAboutPAndScalesTheRest) {
   // Gradients flow through the kept elements only, scaled.
   auto x = torch::ones({4, 8}, torch::requires_grad());
   sample_dropout(x, 0.5, 3, true).sum().backward();
-  auto mask = sample_dropout_mask(x.detach(), 0.5, 3);
+  auto mask = sample_keep_mask(x.detach(), 0.5, 3).to(torch::kFloat32) * 2.0;
   EXPECT_TRUE(torch::equal(x.grad(), mask));
   // Off while evaluating; the wrong number of rows is an error.
   EXPECT_TRUE(torch::equal(sample_dropout(x, 0.5, 3, false), x));
@@ -56,4 +56,15 @@ TEST(SampleDropout, WithoutRowsItIsTorchsDropout) {
   torch::manual_seed(3);
   auto b = torch::dropout(torch::ones({64, 64}), 0.5, true);
   EXPECT_TRUE(torch::equal(a, b));
+}
+
+// Off the CPU the mask comes from tensor ops on the device: the same bits.
+TEST(SampleDropout, TensorOpsGiveTheCpuKernelsBits) {
+  DropoutRows rows(5, 77, {3, 1000000007, 12});
+  for (auto shape : {std::vector<int64_t>{3}, {3, 33}, {3, 7, 19}, {3, 2, 5, 9}}) {
+    auto x = torch::ones(shape);
+    for (double p : {0.1, 0.5}) {
+      EXPECT_TRUE(torch::equal(sample_keep_mask(x, p, 9), sample_keep_mask_tensor_ops(x, p, 9))) << shape.size() << " " << p;
+    }
+  }
 }

@@ -24,6 +24,7 @@
 #include "cohort/launch/launcher.hpp"
 #include "cohort/obs/plot.hpp"
 #include "cohort/text/prepare.hpp"
+#include "cohort/text/wordnet.hpp"
 #include "cohort/train/evaluate.hpp"
 #include "cohort/train/run.hpp"
 #include "cohort/train/runtime.hpp"
@@ -103,6 +104,18 @@ int cli_main(int argc, char** argv) {
   evaluator->add_option("--max-samples", eval_request.max_samples, "the first N samples only; 0 = all")
       ->capture_default_str();
 
+  CLI::App* predictor = app.add_subcommand(
+      "predict", "Predict the classes of the inputs in a TSV or JSONL file (bert-classify) with a checkpoint; "
+                 "writes one JSON line per input, in input order");
+  EvalRequest predict_request;
+  std::string predict_input, predict_out;
+  int64_t predict_batch = 0;
+  predictor->add_option("CHECKPOINT", predict_request.checkpoint, "a run dir (its newest checkpoint) or a checkpoint dir")
+      ->required();
+  predictor->add_option("--input", predict_input, "inputs: the run's columns; labels optional")->required();
+  predictor->add_option("--out,-o", predict_out, "JSONL to write (default RUN_DIR/predictions.jsonl)");
+  predictor->add_option("--batch", predict_batch, "inputs per forward; 0 = the run's eval.batch")->capture_default_str();
+
   CLI::App* bench = app.add_subcommand(
       "bench", "Weak-scaling table: a short run of a config at each rank count (per-rank batch fixed). "
                "Extra arguments after -- go to `cohort train`");
@@ -139,6 +152,17 @@ int cli_main(int argc, char** argv) {
   bench->add_option("--out", bench_opts.out_dir, "keep the runs here (default: a temp dir, removed)");
   bench->add_option("train-args", bench_train_args, "arguments for `cohort train` (--config, --model.*, ...)");
   bench->allow_extras(false);
+
+  CLI::App* prepare_classify = app.add_subcommand(
+      "prepare-classify", "Write WordNet (wordnet-base) as sequence classification TSVs, split by synset: "
+                          "train/valid/test.tsv with columns synset, pos, lexname, words, gloss");
+  text::WordnetOptions wordnet;
+  prepare_classify->add_option("--wordnet", wordnet.dir, "WordNet's dict directory")->capture_default_str();
+  prepare_classify->add_option("--out", wordnet.out, "directory to write")->required();
+  prepare_classify->add_option("--valid-fraction", wordnet.valid_fraction, "synsets in valid.tsv")->capture_default_str();
+  prepare_classify->add_option("--test-fraction", wordnet.test_fraction, "synsets in test.tsv")->capture_default_str();
+  prepare_classify->add_option("--seed", wordnet.seed, "seed of the split")->capture_default_str();
+  prepare_classify->add_flag("--overwrite", wordnet.overwrite, "replace existing files");
 
   CLI::App* prepare = app.add_subcommand(
       "prepare", "BERT pretraining data: text files or the GCIDE dictionary -> WordPiece vocabulary -> "
@@ -230,6 +254,12 @@ int cli_main(int argc, char** argv) {
   std::string who;
   try {
     if (bench->parsed()) return run_bench(bench_opts, bench_train_args);
+    if (prepare_classify->parsed()) {
+      text::WordnetCounts n = text::prepare_wordnet(wordnet);
+      std::printf("cohort: wrote %s/{train,valid,test}.tsv: %lld, %lld, %lld synsets\n", wordnet.out.c_str(),
+                  static_cast<long long>(n.train), static_cast<long long>(n.valid), static_cast<long long>(n.test));
+      return 0;
+    }
     if (prepare->parsed()) {
       prep.lowercase = !prep_cased;
       text::run_prepare(prep);
@@ -240,6 +270,16 @@ int cli_main(int argc, char** argv) {
       auto comm = Comm::single(plan.cfg.train.device);
       configure_process(plan.cfg.train, comm->world());
       evaluate_checkpoint(plan.cfg, *comm, plan.run);
+      return 0;
+    }
+    if (predictor->parsed()) {
+      EvalPlan plan = plan_evaluation(predict_request);
+      if (predict_batch > 0) plan.cfg.eval.batch = predict_batch;
+      if (predict_out.empty()) predict_out = plan.run.out_dir + "/predictions.jsonl";
+      auto comm = Comm::single(plan.cfg.train.device);
+      configure_process(plan.cfg.train, comm->world());
+      int64_t n = predict_checkpoint(plan.cfg, *comm, plan.run, predict_input, predict_out);
+      std::printf("cohort: wrote %lld predictions to %s\n", static_cast<long long>(n), predict_out.c_str());
       return 0;
     }
     if (exporter->parsed()) {
@@ -286,8 +326,18 @@ int cli_main(int argc, char** argv) {
         if (std::stoi(it->second.substr(0, colon)) != comm->rank()) return std::nullopt;
         return it->second.substr(colon + 1);
       };
-      if (auto v = for_this_rank("COHORT_DEBUG_DELAY")) run.debug_delay_ms = std::stoi(*v);
-      if (auto v = for_this_rank("COHORT_DEBUG_SLOWDOWN")) run.debug_slowdown = std::stod(*v);
+      auto number = [](const char* name, const std::string& text) {
+        try {
+          return std::stod(text);
+        } catch (const std::exception&) {
+          throw UsageError(detail::cat(name, ": '", text, "' is not a number"));
+        }
+      };
+      if (auto v = for_this_rank("COHORT_DEBUG_DELAY")) run.debug_delay_ms = static_cast<int>(number("COHORT_DEBUG_DELAY", *v));
+      if (auto v = for_this_rank("COHORT_DEBUG_SLOWDOWN")) {
+        run.debug_slowdown = number("COHORT_DEBUG_SLOWDOWN", *v);
+        COHORT_CHECK(run.debug_slowdown >= 1, UsageError, "COHORT_DEBUG_SLOWDOWN: the factor must be >= 1 (got ", *v, ")");
+      }
       Trainer(cfg, *comm, run).run();
       // Stopped by a signal: a launched worker reports success to its
       // launcher (which exits 128+signal); a lone process says so itself.

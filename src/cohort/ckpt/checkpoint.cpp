@@ -7,9 +7,10 @@
 #include <torch/serialize.h>
 
 #include <algorithm>
-#include <map>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "cohort/core/error.hpp"
@@ -73,15 +74,41 @@ std::string Checkpoints::write(const CheckpointState& state, const NamedTensors&
   sync_path(root_, true);
   write_file_atomically((fs::path(root_) / "latest").string(), dir_name(state.step) + "\n");
 
-  // Keep the newest `keep` checkpoints.
+  prune();
+  return final_dir.string();
+}
+
+// Keeps the newest `keep` checkpoints, and the best.
+void Checkpoints::prune() const {
+  const int64_t best_step = best(fs::path(root_).parent_path().string()).step;
   std::vector<std::pair<int64_t, fs::path>> all;
   for (const auto& e : fs::directory_iterator(root_)) {
     int64_t s = step_of(e.path().filename().string());
-    if (s >= 0 && e.is_directory()) all.emplace_back(s, e.path());
+    if (s >= 0 && s != best_step && e.is_directory()) all.emplace_back(s, e.path());
   }
   std::sort(all.rbegin(), all.rend());
   for (size_t i = static_cast<size_t>(keep_); i < all.size(); ++i) fs::remove_all(all[i].second);
-  return final_dir.string();
+}
+
+void Checkpoints::mark_best(int64_t step, const std::string& metric, double value) {
+  write_file_atomically((fs::path(root_) / "best.json").string(),
+                        nlohmann::json({{"step", step}, {"metric", metric}, {"value", value}}).dump() + "\n");
+  prune();  // the previous best is an ordinary checkpoint again
+}
+
+Checkpoints::Best Checkpoints::best(const std::string& run_dir) {
+  Best b;
+  auto path = fs::path(run_dir) / "checkpoints" / "best.json";
+  if (!fs::exists(path)) return b;
+  try {
+    auto j = nlohmann::json::parse(read_file(path.string()));
+    b.step = j.at("step").get<int64_t>();
+    b.metric = j.at("metric").get<std::string>();
+    b.value = j.at("value").get<double>();
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(detail::cat(path.string(), ": unreadable (", e.what(), ")"));
+  }
+  return b;
 }
 
 CheckpointState Checkpoints::verify(const std::string& dir) {
@@ -188,6 +215,45 @@ void load_model_weights(torch::nn::Module& module, const std::string& path) {
   for (auto& item : buffers) load_into(item.key(), item.value());
   COHORT_CHECK(matched == weights.tensors.size(), ConfigError, path, " has ", weights.tensors.size() - matched,
                " tensor(s) the model does not have: was a model.* key changed?");
+}
+
+WeightsLoad load_model_weights_partial(torch::nn::Module& module, const std::string& path) {
+  auto weights = load_safetensors(path);
+  // HF's BertModel saves the encoder without the "bert." prefix.
+  bool bare = weights.tensors.count("embeddings.word_embeddings.weight") > 0 &&
+              !module.named_parameters().contains("embeddings.word_embeddings.weight");
+  auto file_name = [&](const std::string& name) {
+    if (bare && name.rfind("bert.", 0) == 0) return name.substr(5);
+    return name;
+  };
+  WeightsLoad r;
+  std::set<std::string> used;
+  std::vector<std::pair<torch::Tensor*, const torch::Tensor*>> copies;  // checked first, copied after
+  auto params = module.named_parameters();
+  auto buffers = module.named_buffers();
+  for (auto* items : {&params, &buffers}) {
+    for (auto& item : *items) {
+      auto it = weights.tensors.find(file_name(item.key()));
+      if (it == weights.tensors.end()) {
+        r.initialised.push_back(item.key());
+        continue;
+      }
+      COHORT_CHECK(it->second.sizes() == item.value().sizes(), ConfigError, path, ": tensor '", it->first,
+                   "' has shape ", it->second.sizes(), " but the model's '", item.key(), "' is ", item.value().sizes(),
+                   ": set the model.* keys to the checkpoint's shape (its config.json says)");
+      copies.emplace_back(&item.value(), &it->second);
+      used.insert(it->first);
+    }
+  }
+  COHORT_CHECK(!copies.empty(), ConfigError, path, " has none of the model's tensors (", weights.tensors.size(),
+               " others): is this a model of this kind?");
+  torch::NoGradGuard no_grad;
+  for (auto& [dst, src] : copies) dst->copy_(src->to(dst->device()));
+  r.loaded = static_cast<int64_t>(copies.size());
+  for (const auto& [name, t] : weights.tensors) {
+    if (!used.count(name)) r.ignored.push_back(name);
+  }
+  return r;
 }
 
 std::string model_weights_file(const std::string& path) {

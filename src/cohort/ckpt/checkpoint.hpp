@@ -52,6 +52,17 @@ class Checkpoints {
   std::string write(const CheckpointState& state, const NamedTensors& model, torch::optim::Optimizer& optimizer,
                     const NamedTensors& rng, const std::string& config_toml);
 
+  // ckpt.best-metric: records step-N as the best so far (checkpoints/
+  // best.json: step, metric, value); pruning keeps it. Rank 0 only.
+  void mark_best(int64_t step, const std::string& metric, double value);
+  struct Best {
+    int64_t step = -1;
+    std::string metric;
+    double value = 0;
+  };
+  // The run's best.json; step -1 when there is none.
+  static Best best(const std::string& run_dir);
+
   // `path` is a run dir (its newest valid checkpoint) or a checkpoint dir.
   // Returns the checkpoint to load, verified (once: nothing needs to check it
   // again); appends a line to `warnings` for every newer checkpoint skipped
@@ -69,6 +80,8 @@ class Checkpoints {
   static std::string run_dir_of(const std::string& checkpoint_dir);
 
  private:
+  void prune() const;
+
   std::string root_;  // RUN_DIR/checkpoints
   int keep_;
 };
@@ -77,6 +90,21 @@ class Checkpoints {
 // name. A missing, extra or differently shaped tensor is a ConfigError naming
 // the file and tensor.
 void load_model_weights(torch::nn::Module& module, const std::string& safetensors_path);
+
+// What load_model_weights_partial did.
+struct WeightsLoad {
+  int64_t loaded = 0;
+  std::vector<std::string> initialised;  // the model's, absent from the file: left as initialised
+  std::vector<std::string> ignored;      // the file's, absent from the model
+};
+
+// Fine-tuning's load: every tensor the model and the file share is copied;
+// the model's others keep their initialisation (a new head) and the file's
+// others are ignored (pretraining heads). A shape mismatch is a ConfigError
+// naming the tensor, and so is a file sharing no tensor at all; nothing is
+// copied then. A file of Hugging Face's BertModel (names without "bert.")
+// matches the model's bert.* tensors.
+WeightsLoad load_model_weights_partial(torch::nn::Module& module, const std::string& safetensors_path);
 
 // The model.safetensors that `path` names: the file itself, a directory
 // holding one (an export or a checkpoint), or a run dir (its newest valid

@@ -125,6 +125,12 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
        "or auto from each rank's measured speed");
   bind("data.balance-weights", c.data.balance_weights, "data.balance = weights: one weight per rank, e.g. 2,1");
   bind("data.balance-every", c.data.balance_every, "data.balance = auto: re-measure the ranks' speeds every N steps");
+  bind("data.text-column", c.data.text_column, "bert-classify: the column (TSV header) or field (JSONL) of the text", fixed);
+  bind("data.text-pair-column", c.data.text_pair_column, "bert-classify: the second text of sentence pairs; '' = single sentences", fixed);
+  bind("data.label-column", c.data.label_column, "bert-classify: the label column; labels are strings", fixed);
+  bind("data.max-seq-length", c.data.max_seq_length, "bert-classify: tokens per input with [CLS] and [SEP]s; the longer text is cut first", fixed);
+  bind("data.vocab", c.data.vocab, "bert-classify: vocab.txt; '' = data.path's, else the one beside model.init", node);
+  bind("data.lowercase", c.data.lowercase, "bert-classify: uncased WordPiece (lowercase, strip accents)", fixed);
   bind("data.max-micro-batch", c.data.max_micro_batch, "most samples in one of this node's micro-batches (memory); "
        "a larger share takes more accumulation micro-steps; 0 = no cap", node);
 
@@ -153,6 +159,8 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
 
   bind("ckpt.every-steps", c.ckpt.every_steps, "checkpoint every N steps; 0 = only at the end");
   bind("ckpt.keep", c.ckpt.keep, "checkpoints kept");
+  bind("ckpt.best-metric", c.ckpt.best_metric, "also keep the checkpoint with the best eval value of this metric "
+       "(RUN_DIR/checkpoints/best); lower is better for names with 'loss'; '' = off");
 
   bind("dist.timeout", c.dist.timeout, "seconds any collective may take before the job fails", node);
   bind("dist.bucket-cap-mb", c.dist.bucket_cap_mb, "gradient all-reduce bucket size, MiB");
@@ -342,7 +350,12 @@ void validate(const Config& c) {
   }
   require(c.data.balance != Balance::kWeights || !c.data.balance_weights.empty(), "data.balance-weights", "[]",
           "must give one weight per rank when data.balance = weights");
+  require(c.data.balance == Balance::kWeights || c.data.balance_weights.empty(), "data.balance-weights",
+          c.data.balance_weights.size(), "are only used with data.balance = weights; set it, or drop the weights");
   require(c.data.balance_every >= 1, "data.balance-every", c.data.balance_every, "must be >= 1");
+  require(c.data.max_seq_length >= 4, "data.max-seq-length", c.data.max_seq_length, "must be >= 4");
+  require(!c.data.text_column.empty(), "data.text-column", "''", "must name a column");
+  require(!c.data.label_column.empty(), "data.label-column", "''", "must name a column");
   require(c.data.max_micro_batch >= 0, "data.max-micro-batch", c.data.max_micro_batch, "must be >= 0");
 
   require(c.optim.lr > 0, "optim.lr", c.optim.lr, "must be > 0");

@@ -44,6 +44,13 @@ struct DataOptions {
   std::vector<double> balance_weights;  // balance = weights: one per rank
   int64_t balance_every = 5;   // balance = auto: re-measure every N steps
   int64_t max_micro_batch = 0;  // cap on a rank's micro-batch; 0: none
+  // bert-classify: DIR/<split>.tsv or .jsonl, the columns to read, WordPiece
+  std::string text_column = "text";
+  std::string text_pair_column;        // "": single sentences
+  std::string label_column = "label";
+  int64_t max_seq_length = 128;
+  std::string vocab;                   // vocab.txt; "": data.path's, else model.init's
+  bool lowercase = true;               // uncased WordPiece
 };
 
 struct OptimOptions {
@@ -78,6 +85,7 @@ struct LogOptions {
 struct CkptOptions {
   int64_t every_steps = 0;    // 0: only at the end
   int keep = 3;
+  std::string best_metric;  // also keep the checkpoint with the best eval value of this; "": off
 };
 
 struct DistOptions {

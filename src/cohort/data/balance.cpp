@@ -50,11 +50,13 @@ Slice weighted_slice(int64_t n, const std::vector<int64_t>& weights, int rank) {
 
 std::vector<int64_t> shares_for_speeds(int64_t n, const std::vector<double>& speeds, int64_t min_share) {
   const auto ranks = static_cast<int64_t>(speeds.size());
-  double total = 0;
+  double top = 0;
   for (double s : speeds) {
     COHORT_CHECK(std::isfinite(s) && s > 0, Error, "shares_for_speeds: speed ", s, " is not positive");
-    total += s;
+    top = std::max(top, s);
   }
+  double total = 0;  // of speeds / top, so that huge weights cannot overflow
+  for (double s : speeds) total += s / top;
   COHORT_CHECK(ranks > 0, Error, "shares_for_speeds: no ranks");
   int64_t floor_each = n >= min_share * ranks ? min_share : 0;
   int64_t rest = n - floor_each * ranks;
@@ -62,7 +64,7 @@ std::vector<int64_t> shares_for_speeds(int64_t n, const std::vector<double>& spe
   std::vector<double> rem(speeds.size());
   int64_t dealt = 0;
   for (size_t i = 0; i < speeds.size(); ++i) {
-    double q = static_cast<double>(rest) * speeds[i] / total;
+    double q = static_cast<double>(rest) * (speeds[i] / top) / total;
     shares[i] = std::min(rest, static_cast<int64_t>(std::floor(q)));
     rem[i] = q - static_cast<double>(shares[i]);
     dealt += shares[i];

@@ -38,7 +38,7 @@ StepBatch Loader::build(int64_t k, const std::vector<int64_t>& shares) const {
   Slice mine = weighted_slice(out.global_samples, shares, opts_.rank);
   int64_t micro_steps = opts_.accum_steps;
   if (opts_.max_micro_batch > 0) {
-    micro_steps = std::max(micro_steps, (mine.size() + opts_.max_micro_batch - 1) / opts_.max_micro_batch);
+    micro_steps = std::max(micro_steps, mine.size() > 0 ? (mine.size() - 1) / opts_.max_micro_batch + 1 : 0);
   }
   for (int64_t m = 0; m < micro_steps; ++m) {
     Slice micro = split_evenly(mine.size(), m, micro_steps);
@@ -60,8 +60,14 @@ StepBatch Loader::build(int64_t k, const std::vector<int64_t>& shares) const {
 }
 
 void Loader::reshare(std::vector<int64_t> shares) {
-  COHORT_CHECK(static_cast<int>(shares.size()) == opts_.world_size, Error, "loader: ", shares.size(),
-               " shares for ", opts_.world_size, " ranks");
+  int64_t total = 0;
+  for (int64_t s : shares) {
+    COHORT_CHECK(s >= 0, Error, "loader: negative share ", s);
+    total += s;
+  }
+  COHORT_CHECK(static_cast<int>(shares.size()) == opts_.world_size && total == order_.global_batch(), Error,
+               "loader: ", shares.size(), " shares summing to ", total, " for ", opts_.world_size,
+               " ranks and a global batch of ", order_.global_batch());
   {
     std::lock_guard<std::mutex> lock(mu_);
     shares_ = std::move(shares);

@@ -57,7 +57,7 @@ struct SelfAttentionImpl : nn::Module {
     double p = is_training() ? dropout->p() : 0.0;
     torch::Tensor ctx;  // [B,A,L,D]
     if (p > 0 && DropoutRows::current() != nullptr) {
-      auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
+      auto scores = torch::matmul(q * (1.0 / std::sqrt(static_cast<double>(head_dim))), k.transpose(-2, -1));
       auto probs = torch::softmax(scores.masked_fill(keep.logical_not(), -INFINITY), -1);
       ctx = torch::matmul(dropout(probs), v);
     } else {
@@ -188,6 +188,33 @@ struct ClsImpl : nn::Module {
 };
 TORCH_MODULE(Cls);
 
+// The encoder's last hidden states [B,L,H].
+torch::Tensor encode_with(Bert& bert, const torch::Tensor& input_ids, const torch::Tensor& segment_ids,
+                          const torch::Tensor& input_mask) {
+  auto x = bert->embeddings(input_ids, segment_ids);
+  // Padding keys are masked out for every head and query.
+  auto keep = input_mask.ne(0).view({input_mask.size(0), 1, 1, input_mask.size(1)});
+  for (const auto& layer : *bert->encoder->layer) x = layer->as<LayerImpl>()->forward(x, keep);
+  return x;
+}
+
+// BERT's initialisation: normal(0, std) weights, zero biases, unit LayerNorm scales.
+void init_bert_parameters(nn::Module& module, double std) {
+  torch::NoGradGuard no_grad;
+  for (auto& item : module.named_parameters()) {
+    const std::string& name = item.key();
+    auto& t = item.value();
+    bool is_norm = name.find("LayerNorm") != std::string::npos;
+    if (is_norm && name.size() >= 6 && name.compare(name.size() - 6, 6, "weight") == 0) {
+      t.fill_(1.0);
+    } else if (t.dim() >= 2) {
+      t.normal_(0.0, std);
+    } else {
+      t.zero_();
+    }
+  }
+}
+
 }  // namespace
 
 struct BertForPretrainingImpl::Parts {
@@ -201,30 +228,11 @@ BertForPretrainingImpl::BertForPretrainingImpl(const BertConfig& cfg) : cfg_(cfg
   reset_parameters();
 }
 
-void BertForPretrainingImpl::reset_parameters() {
-  torch::NoGradGuard no_grad;
-  for (auto& item : named_parameters()) {
-    const std::string& name = item.key();
-    auto& t = item.value();
-    bool is_norm = name.find("LayerNorm") != std::string::npos;
-    if (is_norm && name.size() >= 6 && name.compare(name.size() - 6, 6, "weight") == 0) {
-      t.fill_(1.0);
-    } else if (t.dim() >= 2) {
-      t.normal_(0.0, cfg_.init_std);
-    } else {
-      t.zero_();
-    }
-  }
-}
+void BertForPretrainingImpl::reset_parameters() { init_bert_parameters(*this, cfg_.init_std); }
 
 torch::Tensor BertForPretrainingImpl::encode(const torch::Tensor& input_ids, const torch::Tensor& segment_ids,
                                              const torch::Tensor& input_mask) {
-  auto& bert = p_->bert;
-  auto x = bert->embeddings(input_ids, segment_ids);
-  // Padding keys are masked out for every head and query.
-  auto keep = input_mask.ne(0).view({input_mask.size(0), 1, 1, input_mask.size(1)});
-  for (const auto& layer : *bert->encoder->layer) x = layer->as<LayerImpl>()->forward(x, keep);
-  return x;
+  return encode_with(p_->bert, input_ids, segment_ids, input_mask);
 }
 
 BertBatch BertBatch::from(const Example& b) {
@@ -253,6 +261,35 @@ BertOutputs BertForPretrainingImpl::forward(const BertBatch& batch) {
   const auto& decoder = bert->embeddings->word_embeddings->weight;  // tied
   out.mlm_logits = torch::nn::functional::linear(t, decoder, cls->predictions->bias);
   return out;
+}
+
+}  // namespace cohort
+
+namespace cohort {
+
+struct BertForClassificationImpl::Parts {
+  Bert bert{nullptr};
+  SampleDropout dropout{nullptr};
+  nn::Linear classifier{nullptr};
+};
+
+BertForClassificationImpl::BertForClassificationImpl(const BertConfig& cfg, int64_t classes)
+    : cfg_(cfg), p_(std::make_shared<Parts>()) {
+  COHORT_CHECK(classes >= 2, ConfigError, "a classifier needs at least 2 classes (got ", classes, ")");
+  p_->bert = register_module("bert", Bert(cfg));
+  // After every encoder site (3 * layers + 1 is past the last).
+  p_->dropout = register_module("dropout", SampleDropout(cfg.hidden_dropout, layer_site(cfg.layers, 1)));
+  p_->classifier = register_module("classifier", nn::Linear(cfg.hidden, classes));
+  init_bert_parameters(*this, cfg_.init_std);
+}
+
+torch::Tensor BertForClassificationImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& segment_ids,
+                                                 const torch::Tensor& input_mask) {
+  COHORT_CHECK(input_ids.size(1) <= cfg_.max_positions, DataError, "a batch has sequences of length ",
+               input_ids.size(1), " but model.max-positions is ", cfg_.max_positions);
+  auto hidden = encode_with(p_->bert, input_ids, segment_ids, input_mask);
+  auto pooled = torch::tanh(p_->bert->pooler->dense(hidden.select(1, 0)));
+  return p_->classifier(p_->dropout(pooled));
 }
 
 }  // namespace cohort

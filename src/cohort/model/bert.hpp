@@ -1,4 +1,4 @@
-// defines: BertConfig, BertBatch, BertOutputs, BertForPretraining, make_bert
+// defines: BertConfig, BertBatch, BertOutputs, BertForPretraining, BertForClassification
 //
 // A BERT encoder with the pretraining heads (masked LM and next sentence).
 // Parameters carry Hugging Face's names (bert.embeddings.word_embeddings.weight,
@@ -74,5 +74,25 @@ class BertForPretrainingImpl : public torch::nn::Module {
   std::shared_ptr<Parts> p_;
 };
 TORCH_MODULE(BertForPretraining);
+
+// BERT for sequence classification, Hugging Face's
+// BertForSequenceClassification: the encoder, the pooler ([CLS] -> dense ->
+// tanh), dropout and a linear classifier. Names: bert.* as above,
+// classifier.weight, classifier.bias; so a pretraining checkpoint's bert.*
+// initialises it and its cls.* heads are left out.
+class BertForClassificationImpl : public torch::nn::Module {
+ public:
+  BertForClassificationImpl(const BertConfig& cfg, int64_t classes);
+  // Logits [B, classes].
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& segment_ids,
+                        const torch::Tensor& input_mask);
+  const BertConfig& config() const { return cfg_; }
+
+ private:
+  struct Parts;
+  BertConfig cfg_;
+  std::shared_ptr<Parts> p_;
+};
+TORCH_MODULE(BertForClassification);
 
 }  // namespace cohort

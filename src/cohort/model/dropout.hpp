@@ -41,14 +41,17 @@ class DropoutRows {
 };
 
 // Drops elements of x [B, ...] with probability p and scales the rest by
-// 1 / (1 - p); the identity when !training or p == 0. Under DropoutRows,
+// 1 / (1 - p) (in x's dtype, as torch::dropout); the identity when !training or p == 0. Under DropoutRows,
 // row b's mask is keyed by keys()[b] and `site` (which must differ between
 // the dropout calls of one forward); x.size(0) must be the number of keys.
 torch::Tensor sample_dropout(const torch::Tensor& x, double p, uint64_t site, bool training);
 
-// The mask sample_dropout multiplies by: 0 or 1 / (1 - p), x's shape and
-// dtype. Needs DropoutRows.
-torch::Tensor sample_dropout_mask(const torch::Tensor& x, double p, uint64_t site);
+// The keep mask sample_dropout applies: bool, x's shape, on x's device.
+// Needs DropoutRows. On the CPU one parallel pass; elsewhere the same bits
+// from tensor ops on the device (sample_keep_mask_tensor_ops, which tests
+// compare with the CPU pass).
+torch::Tensor sample_keep_mask(const torch::Tensor& x, double p, uint64_t site);
+torch::Tensor sample_keep_mask_tensor_ops(const torch::Tensor& x, double p, uint64_t site);
 
 // A dropout layer with its site number: a drop-in for nn::Dropout.
 class SampleDropoutImpl : public torch::nn::Module {

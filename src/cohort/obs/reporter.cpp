@@ -34,6 +34,7 @@ std::string format_metrics(const Metrics& metrics) {
   std::string out;
   char buf[96];
   for (const auto& [name, value] : metrics) {
+    if (name.find('/') != std::string::npos) continue;  // per-class detail: metrics.jsonl and TensorBoard only
     std::snprintf(buf, sizeof buf, "  %s %.4f", name.c_str(), value);
     out += buf;
   }

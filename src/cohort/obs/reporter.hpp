@@ -25,7 +25,8 @@ namespace cohort {
 using Metrics = std::vector<std::pair<std::string, double>>;
 // The value named `name`, 0 when absent.
 double metric_value(const Metrics& metrics, const std::string& name);
-// "  loss 0.4213  accuracy 0.8410", as the console prints them.
+// "  loss 0.4213  accuracy 0.8410", as the console prints them. Names with a
+// '/' (per-class details, "f1/noun.animal") are left to metrics.jsonl.
 std::string format_metrics(const Metrics& metrics);
 
 // Seconds left at the rate so far: `elapsed` seconds for `done` steps,

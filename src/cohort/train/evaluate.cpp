@@ -1,10 +1,13 @@
 #include "cohort/train/evaluate.hpp"
 
+#include <nlohmann/json.hpp>
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "cohort/core/error.hpp"
+#include "cohort/core/files.hpp"
 #include "cohort/data/loader.hpp"
 #include "cohort/distributed/comm.hpp"
 #include "cohort/ckpt/checkpoint.hpp"
@@ -40,9 +43,11 @@ Tally evaluate(Task& task, const Dataset& data, Comm& comm, const EvalRun& run) 
   return tally;
 }
 
-EvalReport evaluate_report(Task& task, const Dataset& data, Comm& comm, const EvalOptions& opts, int64_t step) {
+EvalReport evaluate_report(Task& task, const Dataset& data, Comm& comm, const EvalOptions& opts, int64_t step,
+                           Tally* reduced) {
   auto t0 = Clock::now();
   Tally tally = evaluate(task, data, comm, {opts.batch, opts.max_samples});
+  if (reduced) *reduced = tally;
   EvalReport r;
   r.step = step;
   r.split = opts.split;
@@ -62,14 +67,66 @@ RunSummary evaluate_checkpoint(const Config& cfg, Comm& comm, const RunOptions& 
   auto data = task->eval_set(cfg.eval.split);
   std::shared_ptr<Reporter> reporter = rank_reporter(run, world, /*tensorboard=*/false);
   for (const auto& note : run.notes) reporter->message("cohort: " + note);
-  EvalReport r = evaluate_report(*task, *data, comm, cfg.eval, run.resume->state.step);
+  Tally tally;
+  EvalReport r = evaluate_report(*task, *data, comm, cfg.eval, run.resume->state.step, &tally);
   reporter->eval(r);
+  if (std::string details = task->eval_details(tally); !details.empty()) reporter->message(details);
   RunSummary summary;
   summary.steps = run.resume->state.step;
   summary.final_eval_loss = metric_value(r.metrics, "loss");
   summary.final_eval_accuracy = metric_value(r.metrics, "accuracy");
   summary.seconds = seconds_since(start);
   return summary;
+}
+
+int64_t predict_checkpoint(const Config& cfg, Comm& comm, const RunOptions& run, const std::string& input,
+                           const std::string& output) {
+  COHORT_CHECK(run.resume.has_value(), UsageError, "cohort predict needs a checkpoint");
+  const World& world = comm.world();
+  seed_rngs(cfg.train.seed, world.rank);
+  std::unique_ptr<Task> task = make_task(cfg, world);
+  load_model_weights(*task->module(), (std::filesystem::path(run.resume->dir) / "model.safetensors").string());
+  auto data = task->input_set(input);
+  const auto classes = task->class_names();
+  const int64_t n = data->size(), k = static_cast<int64_t>(classes.size());
+  COHORT_CHECK(n > 0 && k > 0, DataError, input, ": nothing to predict");
+  Slice mine = eval_shard(n, world.rank, world.world_size);
+  // This rank's rows, padded to the largest share: [rows, k probabilities + true label].
+  const int64_t rows = (n + world.world_size - 1) / world.world_size;
+  auto out = torch::zeros({rows, k + 1}, torch::kFloat64);
+  auto module = task->module();
+  module->eval();
+  torch::NoGradGuard no_grad;
+  for (int64_t begin = mine.begin; begin < mine.end; begin += cfg.eval.batch) {
+    std::vector<int64_t> ids;
+    for (int64_t i = begin; i < std::min(mine.end, begin + cfg.eval.batch); ++i) ids.push_back(i);
+    Example batch = gather(*data, ids);
+    auto probs = task->probabilities(to_device(batch, world.device)).to(torch::kCPU, torch::kFloat64);
+    auto part = out.narrow(0, begin - mine.begin, static_cast<int64_t>(ids.size()));
+    part.narrow(1, 0, k).copy_(probs);
+    part.select(1, k).copy_(batch.count("label") ? batch.at("label").to(torch::kFloat64)
+                                                  : torch::full({static_cast<int64_t>(ids.size())}, -1.0, torch::kFloat64));
+  }
+  auto all = comm.all_gather(out, "predictions");
+  if (!world.is_main()) return n;
+  std::string lines;
+  for (int r = 0; r < world.world_size; ++r) {
+    Slice s = eval_shard(n, r, world.world_size);
+    auto t = all[static_cast<size_t>(r)].contiguous();
+    const double* p = t.data_ptr<double>();
+    for (int64_t i = 0; i < s.size(); ++i) {
+      const double* row = p + i * (k + 1);
+      int64_t best = std::max_element(row, row + k) - row;
+      nlohmann::json probs = nlohmann::json::object();
+      for (int64_t c = 0; c < k; ++c) probs[classes[static_cast<size_t>(c)]] = row[c];
+      nlohmann::json line = {{"index", s.begin + i}, {"label", classes[static_cast<size_t>(best)]},
+                             {"probability", row[best]}, {"probabilities", probs}};
+      if (row[k] >= 0) line["true_label"] = classes[static_cast<size_t>(row[k])];
+      lines += line.dump() + "\n";
+    }
+  }
+  write_file_atomically(output, lines);
+  return n;
 }
 
 }  // namespace cohort

@@ -28,12 +28,22 @@ struct EvalRun {
 Tally evaluate(Task& task, const Dataset& data, Comm& comm, const EvalRun& run);
 
 // evaluate() as reported: the split, the sample count and the task's
-// metrics, at `step`. Collective.
-EvalReport evaluate_report(Task& task, const Dataset& data, Comm& comm, const EvalOptions& opts, int64_t step);
+// metrics, at `step`; the reduced tally too when `reduced` is given. Collective.
+EvalReport evaluate_report(Task& task, const Dataset& data, Comm& comm, const EvalOptions& opts, int64_t step,
+                           Tally* reduced = nullptr);
 
 // `cohort eval`: the model of checkpoint run.resume, evaluated on
 // cfg.eval.split; one eval line goes to the reporter (by default the
 // console and RUN_DIR/metrics.jsonl). Nothing else in the run changes.
 RunSummary evaluate_checkpoint(const Config& cfg, Comm& comm, const RunOptions& run);
+
+// `cohort predict`: the model of checkpoint run.resume on the inputs in
+// `input` (the task's input_set), each rank a contiguous share; rank 0
+// writes one JSON line per input, in input order, to `output`: its index,
+// the predicted label, its probability, every class's probability, and
+// the true label when the input has one. The same lines at any world size.
+// Collective. Returns the number of inputs.
+int64_t predict_checkpoint(const Config& cfg, Comm& comm, const RunOptions& run, const std::string& input,
+                           const std::string& output);
 
 }  // namespace cohort

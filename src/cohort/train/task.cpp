@@ -11,7 +11,8 @@ namespace cohort {
 namespace {
 
 Registry<TaskFactory>& tasks() {
-  static Registry<TaskFactory> r("train.task", {{"bert-pretrain", make_bert_pretrain_task},
+  static Registry<TaskFactory> r("train.task", {{"bert-classify", make_bert_classify_task},
+                                                {"bert-pretrain", make_bert_pretrain_task},
                                                 {"image-classify", make_image_classify_task}});
   return r;
 }
@@ -40,6 +41,14 @@ std::vector<std::pair<std::string, double>> Task::report(const Tally& tally) con
   std::vector<std::pair<std::string, double>> out;
   for (const auto& name : tally.names()) out.emplace_back(name, mean_or_zero(tally, name));
   return out;
+}
+
+std::shared_ptr<const Dataset> Task::input_set(const std::string& path) const {
+  throw UsageError(detail::cat("this train.task cannot predict (", path, "); bert-classify can"));
+}
+
+torch::Tensor Task::probabilities(const Example& /*batch*/) {
+  throw UsageError("this train.task cannot predict; bert-classify can");
 }
 
 Example to_device(const Example& batch, const c10::Device& device) {

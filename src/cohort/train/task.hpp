@@ -64,6 +64,22 @@ class Task {
   virtual std::vector<std::pair<std::string, double>> report(const Tally& tally) const;
   // The metric whose count is the number of evaluated samples.
   virtual std::string count_metric() const { return "loss"; }
+  // Lines for `cohort eval` beyond the metrics (a confusion matrix); "" for none.
+  virtual std::string eval_details(const Tally& /*tally*/) const { return ""; }
+
+  // model.init for fine-tuning: true lets the task start from weights that
+  // lack its heads (initialised) or hold others (ignored), logged by name.
+  virtual bool init_partially() const { return false; }
+  // Files the run directory keeps for this task (name -> contents), e.g.
+  // the label names; written by rank 0 when the run starts.
+  virtual std::vector<std::pair<std::string, std::string>> run_files() const { return {}; }
+
+  // `cohort predict`: the inputs in `path` (labels optional), the class
+  // names, and the class probabilities [B, classes] of a batch of them.
+  // By default a task cannot predict (UsageError).
+  virtual std::shared_ptr<const Dataset> input_set(const std::string& path) const;
+  virtual std::vector<std::string> class_names() const { return {}; }
+  virtual torch::Tensor probabilities(const Example& batch);
 
   // An empty tally holding every metric name.
   Tally empty_tally() const;

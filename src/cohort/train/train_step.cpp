@@ -1,5 +1,7 @@
 #include "cohort/train/train_step.hpp"
 
+#include <torch/cuda.h>
+
 #include <optional>
 #include <thread>
 
@@ -75,6 +77,7 @@ StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch
     torch::Tensor loss = out.loss_sums.at(0) / units[0];
     for (size_t i = 1; i < out.loss_sums.size(); ++i) loss = loss + out.loss_sums[i] / units[i];
     state.scaler.scale(loss).backward();
+    if (parts.time_on_device && parts.device.is_cuda()) torch::cuda::synchronize();
     if (parts.debug_slowdown > 1) {  // a device this many times slower
       std::this_thread::sleep_for(std::chrono::duration<double>((parts.debug_slowdown - 1) * seconds_since(t0)));
     }

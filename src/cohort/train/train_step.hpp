@@ -37,6 +37,7 @@ struct StepParts {
   double clip_norm = 0;
   DropoutRng dropout_rng = DropoutRng::kSample;
   uint64_t seed = 0;          // train.seed: keys per-sample dropout masks
+  bool time_on_device = false;  // data.balance = auto: compute_s waits for a GPU's kernels
   int debug_delay_ms = 0;     // testing aid: a slow rank
   double debug_slowdown = 1;  // testing aid: compute this many times slower
 };

@@ -5,8 +5,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "cohort/core/error.hpp"
+#include "cohort/core/files.hpp"
 #include "cohort/core/sha256.hpp"
 #include "cohort/data/balance.hpp"
 #include "cohort/data/loader.hpp"
@@ -142,22 +144,27 @@ struct Trainer::Parts {
   Clock::time_point step_start = Clock::now();
   int64_t start_step = 0;  // where this session began (after a resume)
   int64_t last_eval_step = -1;
+  int64_t last_ckpt_step = -1;
+  std::optional<double> best_value;  // ckpt.best-metric's best so far
   std::string last_eval_text;  // "; test:  accuracy 0.8873  loss 0.3089"
   RunSummary summary;
 
   void build_data();
+  void init_weights();
   void resume(const ResolvedCheckpoint& from);
   void open_outputs();
   void begin();
   StepParts step_parts() {
     return {*task, comm, *grad_sync, *optimizer, schedule, precision, world.device, cfg.optim.clip_norm,
-            cfg.model.dropout_rng, cfg.train.seed, run.debug_delay_ms, run.debug_slowdown};
+            cfg.model.dropout_rng, cfg.train.seed, /*time_on_device=*/cfg.data.balance == Balance::kAuto,
+            run.debug_delay_ms, run.debug_slowdown};
   }
   StepBatch next_batch();
   void finish_step(const StepBatch& batch, const StepResult& result);
   void rebalance(const StepResult& result);
   void log_train(int64_t epoch);
   void run_eval();
+  void keep_best(const EvalReport& r);
   bool eval_due(const StepBatch& batch) const;
   bool stop_agreed();
   void save_checkpoint();
@@ -174,9 +181,7 @@ Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
   state.scaler = LossScaler(precision == Precision::kFp16);
   task = make_task(cfg, world);
   // model.init: rank 0 reads the weights and the broadcast gives them to all.
-  if (!cfg.model.init.empty() && !run.resume && world.is_main()) {
-    load_model_weights(*task->module(), model_weights_file(cfg.model.init));
-  }
+  if (!cfg.model.init.empty() && !run.resume && world.is_main()) init_weights();
   broadcast_module(comm, *task->module());
   GradSyncOptions gs;
   gs.bucket_cap_bytes = static_cast<int64_t>(cfg.dist.bucket_cap_mb * (1 << 20));
@@ -204,9 +209,31 @@ Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
   // Ranks started with different configs or data would drift or hang later:
   // check now, naming the rank and what differs.
   auto hash = std::stoull(sha256_hex(shared_config(run.config_toml)).substr(0, 15), nullptr, 16);
-  comm.agree({static_cast<int64_t>(hash), task->train_set().size(), total_steps, state.step},
-             {"config hash", "training samples", "total steps", "start step"}, "start-up");
+  int64_t split_hash = 0;  // each rank's own read of the checkpoint's split
+  for (int64_t s : balancer->shares()) split_hash = split_hash * 1000003 + s;
+  comm.agree({static_cast<int64_t>(hash), task->train_set().size(), total_steps, state.step, split_hash},
+             {"config hash", "training samples", "total steps", "start step", "batch split"}, "start-up");
   open_outputs();
+}
+
+// model.init. A fine-tuning task starts from what the file shares with it,
+// and the log names what it initialised and what it left out.
+void Trainer::Parts::init_weights() {
+  std::string file = model_weights_file(cfg.model.init);
+  if (!task->init_partially()) {
+    load_model_weights(*task->module(), file);
+    run.notes.push_back("model.init: every tensor from " + file);
+    return;
+  }
+  WeightsLoad w = load_model_weights_partial(*task->module(), file);
+  auto list = [](const std::vector<std::string>& names) {
+    std::string out;
+    for (size_t i = 0; i < names.size() && i < 8; ++i) out += (i ? ", " : "") + names[i];
+    return names.size() > 8 ? out + strf(", ... (%zu in all)", names.size()) : out;
+  };
+  run.notes.push_back(strf("model.init: %lld tensors from %s", static_cast<long long>(w.loaded), file.c_str()));
+  if (!w.initialised.empty()) run.notes.push_back("model.init: initialised (not in the file): " + list(w.initialised));
+  if (!w.ignored.empty()) run.notes.push_back("model.init: left out (not in this model): " + list(w.ignored));
 }
 
 void Trainer::Parts::build_data() {
@@ -246,6 +273,13 @@ void Trainer::Parts::open_outputs() {
   RunDir dir(run.out_dir);
   if (world.is_main()) {
     for (auto& note : dir.prepare(run.mode(), run.config_toml, state.step)) run.notes.push_back(note);
+  }
+  if (world.is_main()) {
+    for (const auto& [name, text] : task->run_files()) write_file_atomically((fs::path(run.out_dir) / name).string(), text);
+    if (run.resume && !cfg.ckpt.best_metric.empty()) {
+      auto best = Checkpoints::best(run.out_dir);
+      if (best.step >= 0 && best.metric == cfg.ckpt.best_metric) best_value = best.value;
+    }
   }
   reporter = rank_reporter(run, world, cfg.log.tensorboard);
   comm.barrier("run directory set-up");
@@ -362,6 +396,31 @@ void Trainer::Parts::run_eval() {
   last_eval_text = "; " + r.split + ":" + format_metrics(r.metrics);
   summary.final_eval_loss = metric_value(r.metrics, "loss");
   summary.final_eval_accuracy = metric_value(r.metrics, "accuracy");
+  keep_best(r);
+}
+
+// ckpt.best-metric: every rank sees the same reduced metrics, so all take
+// the same decision; the checkpoint is written (collectively) when the
+// metric improved. Lower is better for a loss.
+void Trainer::Parts::keep_best(const EvalReport& r) {
+  const std::string& name = cfg.ckpt.best_metric;
+  if (name.empty()) return;
+  auto it = std::find_if(r.metrics.begin(), r.metrics.end(), [&](const auto& m) { return m.first == name; });
+  if (it == r.metrics.end()) {
+    std::string have;
+    for (const auto& m : r.metrics) have += (have.empty() ? "" : ", ") + m.first;
+    throw ConfigError(detail::cat("ckpt.best-metric '", name, "' is not an eval metric of ", cfg.train.task,
+                                  " (it reports: ", have, ")"));
+  }
+  const bool lower = name.find("loss") != std::string::npos;
+  const double v = it->second;
+  if (best_value && (lower ? v >= *best_value : v <= *best_value)) return;
+  best_value = v;
+  save_checkpoint();
+  if (world.is_main()) {
+    checkpoints->mark_best(state.step, name, v);
+    reporter->message(strf("best  step %lld  %s %.4f", static_cast<long long>(state.step), name.c_str(), v));
+  }
 }
 
 bool Trainer::Parts::eval_due(const StepBatch& batch) const {
@@ -380,6 +439,8 @@ bool Trainer::Parts::stop_agreed() {
 }
 
 void Trainer::Parts::save_checkpoint() {
+  if (last_ckpt_step == state.step) return;  // already written this step (ckpt.best-metric)
+  last_ckpt_step = state.step;
   auto t0 = Clock::now();
   TrainState::Snapshot snapshot = state.capture(comm, task->train_set().size());
   if (world.is_main()) {

@@ -9,6 +9,7 @@
 
 namespace cohort {
 
+std::unique_ptr<Task> make_bert_classify_task(const Config& cfg, const World& world);
 std::unique_ptr<Task> make_bert_pretrain_task(const Config& cfg, const World& world);
 std::unique_ptr<Task> make_image_classify_task(const Config& cfg, const World& world);
 

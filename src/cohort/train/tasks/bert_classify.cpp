@@ -1,0 +1,205 @@
+// The bert-classify task: fine-tuning BERT for sequence classification
+// (single sentences or pairs) on TSV or JSONL (data/text_classify.hpp),
+// usually from a pretrained checkpoint or a Hugging Face BERT through
+// model.init. The loss is the mean cross-entropy over the global batch.
+// Metrics come from a confusion matrix of sums, all-reduced like every
+// tally, so they are identical at any world size: loss, accuracy, macro-F1
+// (over the classes that occur or are predicted, as scikit-learn's) and
+// per-class F1 ("f1/<label>": metrics.jsonl and TensorBoard only).
+#include <torch/nn/functional.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "cohort/config/config.hpp"
+#include "cohort/core/error.hpp"
+#include "cohort/data/text_classify.hpp"
+#include "cohort/distributed/world.hpp"
+#include "cohort/model/bert.hpp"
+#include "cohort/text/wordpiece.hpp"
+#include "cohort/train/tasks/registry.hpp"
+
+namespace cohort {
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace F = torch::nn::functional;
+
+// data.vocab, else DIR/vocab.txt, else the vocab.txt beside model.init (a
+// Hugging Face directory, an export).
+std::string find_vocab(const Config& cfg) {
+  if (!cfg.data.vocab.empty()) return cfg.data.vocab;
+  std::vector<fs::path> tried = {fs::path(cfg.data.path) / "vocab.txt"};
+  if (!cfg.model.init.empty()) {
+    fs::path init(cfg.model.init);
+    tried.push_back((fs::is_directory(init) ? init : init.parent_path()) / "vocab.txt");
+    tried.push_back(init / "export" / "vocab.txt");
+  }
+  std::string list;
+  for (const auto& p : tried) {
+    if (fs::exists(p)) return p.string();
+    list += (list.empty() ? "" : ", ") + p.string();
+  }
+  throw ConfigError(detail::cat("bert-classify needs the model's vocab.txt: set data.vocab (looked for ", list, ")"));
+}
+
+std::string cell_name(int64_t truth, int64_t predicted) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "confusion/%04lld/%04lld", static_cast<long long>(truth),
+                static_cast<long long>(predicted));
+  return buf;
+}
+
+class BertClassifyTask : public Task {
+ public:
+  BertClassifyTask(const Config& cfg, const World& world)
+      : dir_(cfg.data.path), device_(world.device) {
+    tokenizer_ = std::make_unique<text::WordPiece>(text::Vocab::load(find_vocab(cfg)), text::TokenizerOptions{cfg.data.lowercase});
+    opts_.columns = {cfg.data.text_column, cfg.data.text_pair_column, cfg.data.label_column};
+    opts_.max_seq_length = cfg.data.max_seq_length;
+    train_ = std::make_shared<TextClassification>(classify_file(dir_, "train"), *tokenizer_, opts_);
+    BertConfig bc = BertConfig::from(cfg.model, tokenizer_->vocab().size());
+    COHORT_CHECK(bc.vocab_size >= tokenizer_->vocab().size(), ConfigError, "model.vocab-size ", bc.vocab_size,
+                 " is smaller than the vocabulary's ", tokenizer_->vocab().size(), " tokens");
+    COHORT_CHECK(cfg.data.max_seq_length <= bc.max_positions, ConfigError, "data.max-seq-length ",
+                 cfg.data.max_seq_length, " exceeds model.max-positions ", bc.max_positions);
+    model_ = BertForClassification(bc, labels().size());
+    model_->to(device_);
+  }
+
+  std::shared_ptr<torch::nn::Module> module() override { return model_.ptr(); }
+  const Dataset& train_set() const override { return *train_; }
+  std::string unit_name() const override { return "samples"; }
+  bool units_are_samples() const override { return true; }
+  bool init_partially() const override { return true; }
+
+  std::vector<std::string> metric_names() const override {
+    std::vector<std::string> names = {"accuracy", "loss"};
+    for (int64_t t = 0; t < labels().size(); ++t)
+      for (int64_t p = 0; p < labels().size(); ++p) names.push_back(cell_name(t, p));
+    return names;
+  }
+
+  std::shared_ptr<const Dataset> eval_set(const std::string& split) const override {
+    if (split == "train") return train_;
+    return std::make_shared<TextClassification>(classify_file(dir_, split), *tokenizer_, opts_, labels());
+  }
+
+  std::shared_ptr<const Dataset> input_set(const std::string& path) const override {
+    TextClassifyOptions o = opts_;
+    o.require_labels = false;
+    return std::make_shared<TextClassification>(path, *tokenizer_, o, labels());
+  }
+  std::vector<std::string> class_names() const override { return labels().names(); }
+  std::vector<std::pair<std::string, std::string>> run_files() const override {
+    return {{"labels.json", labels().to_json()}};
+  }
+
+  Units count_units(const Example& b) const override {
+    int64_t n = b.at("label").size(0);
+    return {{n}, n};
+  }
+
+  torch::Tensor logits(const Example& b) {
+    return model_->forward(b.at("input_ids"), b.at("segment_ids"), b.at("input_mask")).to(torch::kFloat32);
+  }
+
+  torch::Tensor probabilities(const Example& b) override { return torch::softmax(logits(b), 1); }
+
+  TaskOutput forward(const Example& b) override {
+    const auto& label = b.at("label");
+    auto z = logits(b);
+    TaskOutput out;
+    auto loss = F::cross_entropy(z, label, F::CrossEntropyFuncOptions().reduction(torch::kSum));
+    out.loss_sums = {loss};
+    const double n = static_cast<double>(label.size(0));
+    auto predicted = z.argmax(1);
+    out.tally.add("loss", loss.detach().item<double>(), n);
+    out.tally.add("accuracy", predicted.eq(label).sum().item<double>(), n);
+    const int64_t k = labels().size();
+    auto cells = torch::bincount(label * k + predicted, {}, k * k).cpu();
+    auto* c = cells.data_ptr<int64_t>();
+    for (int64_t i = 0; i < k * k; ++i) {
+      if (c[i] > 0) out.tally.add(cell_name(i / k, i % k), static_cast<double>(c[i]), static_cast<double>(c[i]));
+    }
+    return out;
+  }
+
+  std::vector<std::pair<std::string, double>> report(const Tally& tally) const override {
+    std::vector<std::pair<std::string, double>> out = {{"loss", mean_or_zero(tally, "loss")}, {"accuracy", mean_or_zero(tally, "accuracy")}};
+    auto f1 = per_class_f1(tally);
+    double sum = 0;
+    int used = 0;
+    for (const auto& [name, value] : f1) {
+      if (value >= 0) sum += value, ++used;
+    }
+    out.emplace_back("macro_f1", used ? sum / used : 0.0);
+    for (const auto& [name, value] : f1) out.emplace_back("f1/" + name, std::max(0.0, value));
+    return out;
+  }
+
+  std::string eval_details(const Tally& tally) const override {
+    const int64_t k = labels().size();
+    auto f1 = per_class_f1(tally);
+    size_t width = 5;
+    for (const auto& name : labels().names()) width = std::max(width, name.size());
+    std::string out = "confusion matrix (rows: true label, columns: predicted, in this order):\n";
+    char buf[64];
+    for (int64_t t = 0; t < k; ++t) {
+      std::snprintf(buf, sizeof buf, "  %2lld %-*s", static_cast<long long>(t), static_cast<int>(width),
+                    labels().name(t).c_str());
+      out += buf;
+      double support = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        double v = tally.sum(cell_name(t, p));
+        support += v;
+        std::snprintf(buf, sizeof buf, " %5.0f", v);
+        out += buf;
+      }
+      std::snprintf(buf, sizeof buf, "   f1 %.4f  n %.0f\n", std::max(0.0, f1[static_cast<size_t>(t)].second), support);
+      out += buf;
+    }
+    return out;
+  }
+
+ private:
+  const LabelSet& labels() const { return train_->labels(); }
+
+  // Per class: F1 from the confusion sums; -1 for a class neither present
+  // nor predicted (left out of the macro mean).
+  std::vector<std::pair<std::string, double>> per_class_f1(const Tally& tally) const {
+    const int64_t k = labels().size();
+    std::vector<double> tp(static_cast<size_t>(k)), row(static_cast<size_t>(k)), col(static_cast<size_t>(k));
+    for (int64_t t = 0; t < k; ++t) {
+      for (int64_t p = 0; p < k; ++p) {
+        double v = tally.has(cell_name(t, p)) ? tally.sum(cell_name(t, p)) : 0.0;
+        row[static_cast<size_t>(t)] += v;
+        col[static_cast<size_t>(p)] += v;
+        if (t == p) tp[static_cast<size_t>(t)] = v;
+      }
+    }
+    std::vector<std::pair<std::string, double>> out;
+    for (int64_t c = 0; c < k; ++c) {
+      auto i = static_cast<size_t>(c);
+      double denom = row[i] + col[i];  // 2tp + fp + fn
+      out.emplace_back(labels().name(c), denom > 0 ? 2 * tp[i] / denom : -1.0);
+    }
+    return out;
+  }
+
+  std::string dir_;
+  c10::Device device_;
+  std::unique_ptr<text::WordPiece> tokenizer_;
+  TextClassifyOptions opts_;
+  std::shared_ptr<TextClassification> train_;
+  BertForClassification model_{nullptr};
+};
+
+}  // namespace
+
+std::unique_ptr<Task> make_bert_classify_task(const Config& cfg, const World& world) {
+  return std::make_unique<BertClassifyTask>(cfg, world);
+}
+
+}  // namespace cohort

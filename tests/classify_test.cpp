@@ -1,0 +1,255 @@
+// bert-classify: the TSV/JSONL reader and its errors, WordNet as a data set,
+// fine-tuning from a pretraining checkpoint, metrics and predictions that
+// are identical at any world size, the best checkpoint, eval and predict.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <set>
+
+#include "cohort/ckpt/checkpoint.hpp"
+#include "cohort/config/config.hpp"
+#include "cohort/core/error.hpp"
+#include "cohort/data/text_classify.hpp"
+#include "cohort/distributed/comm.hpp"
+#include "cohort/distributed/rendezvous.hpp"
+#include "cohort/text/wordnet.hpp"
+#include "cohort/text/wordpiece.hpp"
+#include "cohort/train/evaluate.hpp"
+#include "cohort/train/run.hpp"
+#include "cohort/train/task.hpp"
+#include "helpers.hpp"
+
+using namespace cohort;
+using namespace cohort::text;
+using cohort::test::error_of;
+using cohort::test::read_file;
+using cohort::test::run_cohort;
+using cohort::test::TempDir;
+using cohort::test::write_file;
+
+namespace {
+
+WordPiece tiny_tokenizer() {
+  std::vector<std::string> tokens = special_tokens();
+  for (const char* w : {"the", "cat", "sat", "on", "a", "mat", "dog", "ran", "to", "park", "."}) tokens.push_back(w);
+  return WordPiece(Vocab(tokens), TokenizerOptions{});
+}
+
+std::string error_reading(const std::string& path, const LabelSet& labels = {}, const std::string& pair = "") {
+  WordPiece wp = tiny_tokenizer();
+  TextClassifyOptions o;
+  o.columns.text_pair = pair;
+  return error_of([&] { TextClassification(path, wp, o, labels); });
+}
+
+// A world of n ranks as threads of this process, through file://.
+std::unique_ptr<Comm> thread_rank(int rank, int n, const std::string& file) {
+  RankSpec s;
+  s.rank = s.local_rank = rank;
+  s.world_size = s.local_world_size = n;
+  s.init = parse_init_method("file://" + file);
+  s.host_store = rank == 0;
+  CommOptions o;
+  o.timeout = std::chrono::seconds(60);
+  o.device = DeviceKind::kCpu;
+  return Comm::connect(s, o);
+}
+
+// The tiny corpus's sentences as a 3-class task: which animal a sentence
+// names first (or none).
+void write_animal_tsvs(const TempDir& tmp, const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "dog", "ran", "to", "park", "bird", "sang"};
+  for (const char* split : {"train", "valid", "test"}) {
+    std::string tsv = "id\tsentence\tanimal\n";
+    int rows = std::string(split) == "train" ? 240 : 60;
+    for (int i = 0; i < rows; ++i) {
+      int seed = i * 7 + (split[0] == 't' && split[1] == 'e' ? 5000 : split[0] == 'v' ? 9000 : 0);
+      std::string sentence, label = "none";
+      for (int w = 0; w < 6; ++w) {
+        std::string word = words[(seed * 13 + w * w * 5 + w) % 12];
+        if (label == "none" && (word == "cat" || word == "dog" || word == "bird")) label = word == "bird" ? "dog" : word;
+        sentence += (w ? " " : "") + word;
+      }
+      tsv += std::to_string(i) + "\t" + sentence + "\t" + label + "\n";
+    }
+    write_file(dir + "/" + split + ".tsv", tsv);
+  }
+  (void)tmp;
+}
+
+}  // namespace
+
+TEST(TextClassify, ReadsTsvAndJsonlWithPairsAndTruncatesTheLongerFirst) {
+  TempDir tmp;
+  write_file(tmp / "train.tsv", "text\tsecond\tlabel\nthe cat sat on the mat\tthe dog\tyes\nthe dog ran\ta cat\tno\n");
+  WordPiece wp = tiny_tokenizer();
+  TextClassifyOptions o;
+  o.columns.text_pair = "second";
+  o.max_seq_length = 8;  // 5 text tokens: "the cat sat on the mat" (6) + "the dog" (2) cut, longer first, to 3 + 2
+  TextClassification data(tmp / "train.tsv", wp, o);
+  ASSERT_EQ(data.size(), 2);
+  EXPECT_EQ(data.labels().names(), (std::vector<std::string>{"no", "yes"}));
+  auto b = data.get_batch({0, 1});
+  const int64_t cls = wp.vocab().find("[CLS]"), sep = wp.vocab().find("[SEP]"), the = wp.vocab().find("the");
+  auto ids = b.at("input_ids");
+  ASSERT_EQ(ids.size(1), 8);
+  EXPECT_EQ(ids[0][0].item<int64_t>(), cls);
+  EXPECT_EQ(ids[0][3].item<int64_t>(), wp.vocab().find("sat"));
+  EXPECT_EQ(ids[0][4].item<int64_t>(), sep);  // "on the mat" was cut
+  EXPECT_EQ(ids[0][5].item<int64_t>(), the);  // "the dog", whole
+  EXPECT_EQ(ids[0][7].item<int64_t>(), sep);
+  EXPECT_EQ(b.at("segment_ids")[0].sum().item<int64_t>(), 3);  // the dog [SEP]
+  EXPECT_EQ(b.at("input_mask")[1].sum().item<int64_t>(), 8);   // 3 + 2 + 3 specials: nothing cut
+  EXPECT_EQ(b.at("label")[0].item<int64_t>(), 1);
+  // The same data as JSONL.
+  write_file(tmp / "train.jsonl", "{\"text\": \"the cat sat on the mat\", \"second\": \"the dog\", \"label\": \"yes\"}\n"
+                                  "{\"text\": \"the dog ran\", \"second\": \"a cat\", \"label\": \"no\"}\n");
+  TextClassification json(tmp / "train.jsonl", wp, o);
+  EXPECT_TRUE(torch::equal(json.get_batch({0, 1}).at("input_ids"), ids));
+  EXPECT_EQ(classify_file(tmp.path(), "train"), tmp / "train.tsv");
+}
+
+TEST(TextClassify, BadInputIsOneErrorNamingTheFileAndLine) {
+  TempDir tmp;
+  write_file(tmp / "a.tsv", "sentence\tlabel\nthe cat\tyes\n");
+  EXPECT_NE(error_reading(tmp / "a.tsv").find(tmp / "a.tsv" + ":1: no column 'text' in the header (it has: sentence, label)"),
+            std::string::npos) << error_reading(tmp / "a.tsv");
+  write_file(tmp / "b.tsv", "");
+  EXPECT_NE(error_reading(tmp / "b.tsv").find(tmp / "b.tsv" + ": empty file"), std::string::npos);
+  write_file(tmp / "c.tsv", "text\tlabel\nthe cat\tyes\nthe dog\tyes\n");
+  EXPECT_NE(error_reading(tmp / "c.tsv").find("has only one class ('yes')"), std::string::npos) << error_reading(tmp / "c.tsv");
+  write_file(tmp / "d.tsv", "text\tlabel\nthe cat\tyes\nthe dog\tmaybe\n");
+  EXPECT_NE(error_reading(tmp / "d.tsv", LabelSet({"no", "yes"})).find(tmp / "d.tsv" + ":3: label 'maybe' is not one of the train split's 2 labels"),
+            std::string::npos) << error_reading(tmp / "d.tsv", LabelSet({"no", "yes"}));
+  write_file(tmp / "e.tsv", "text\tlabel\nthe cat\tyes\textra\n");
+  EXPECT_NE(error_reading(tmp / "e.tsv").find(tmp / "e.tsv" + ":2: 3 field(s), but the header has 2"), std::string::npos);
+  write_file(tmp / "f.tsv", "text\tlabel\n");
+  EXPECT_NE(error_reading(tmp / "f.tsv").find(": no rows"), std::string::npos);
+  write_file(tmp / "g.jsonl", "{\"text\": \"the cat\", \"label\": \"a\"}\n{\"label\": \"b\"}\n");
+  EXPECT_NE(error_reading(tmp / "g.jsonl").find(tmp / "g.jsonl" + ":2: no field 'text'"), std::string::npos);
+  EXPECT_NE(error_of([&] { classify_file(tmp / "nowhere", "train"); }).find("has no train.tsv or train.jsonl"),
+            std::string::npos);
+}
+
+TEST(Wordnet, SupersensesAndPartsOfSpeechSplitBySynset) {
+  if (!std::filesystem::exists("/usr/share/wordnet/data.noun")) GTEST_SKIP() << "SKIPPED: wordnet-base is not installed";
+  TempDir tmp;
+  auto r = run_cohort("prepare-classify --out " + tmp / "wn");
+  ASSERT_EQ(r.code, 0) << r.err;
+  WordPiece wp = tiny_tokenizer();
+  TextClassifyOptions o;
+  o.columns = {"gloss", "", "lexname"};
+  TextClassification train(tmp / "wn/train.tsv", wp, o);
+  EXPECT_EQ(train.labels().size(), 45);
+  EXPECT_GT(train.size(), 90000);
+  TextClassification test(tmp / "wn/test.tsv", wp, o, train.labels());
+  EXPECT_NEAR(static_cast<double>(test.size()) / (train.size() / 0.8), 0.1, 0.01);
+  o.columns.label = "pos";
+  EXPECT_EQ(TextClassification(tmp / "wn/valid.tsv", wp, o).labels().names(),
+            (std::vector<std::string>{"adj", "adv", "noun", "verb"}));
+  // Deterministic, and no synset in two splits.
+  auto again = run_cohort("prepare-classify --out " + tmp / "wn2");
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_EQ(read_file(tmp / "wn/test.tsv"), read_file(tmp / "wn2/test.tsv"));
+  std::set<std::string> ids;
+  for (const char* s : {"train", "valid", "test"}) {
+    for (const auto& line : cohort::test::lines_of(read_file(tmp / "wn/" + s + ".tsv"))) {
+      EXPECT_TRUE(ids.insert(line.substr(0, line.find('\t'))).second || line.rfind("synset", 0) == 0) << line;
+    }
+  }
+  std::string all = read_file(tmp / "wn/train.tsv") + read_file(tmp / "wn/valid.tsv") + read_file(tmp / "wn/test.tsv");
+  EXPECT_NE(all.find("noun\tnoun.animal\tdog, domestic dog, Canis familiaris\ta member of the genus Canis"),
+            std::string::npos);
+  EXPECT_NE(run_cohort("prepare-classify --out " + tmp / "wn").err.find("exists; pass --overwrite"), std::string::npos);
+}
+
+// Pretrain a tiny BERT, fine-tune it on a 3-class task, then check what a
+// fine-tuning user relies on.
+TEST(BertClassify, FineTunesFromAPretrainingCheckpointWithMetricsIdenticalAtAnyWorldSize) {
+  TempDir tmp;
+  ASSERT_EQ(cohort::test::prepare_tiny_bert(tmp).code, 0);
+  const std::string shape = " --model.name bert --model.hidden 32 --model.layers 2 --model.heads 2"
+                            " --model.max-positions 64";
+  auto pre = run_cohort("train --quiet --train.task bert-pretrain" + shape + " --data.path " + tmp / "data" +
+                        " --data.global-batch 16 --train.max-steps 2 --eval.split valid --out " + tmp / "pre");
+  ASSERT_EQ(pre.code, 0) << pre.err;
+  write_animal_tsvs(tmp, tmp / "animals");
+  const std::string classify = "train --train.task bert-classify" + shape + " --data.path " + tmp / "animals" +
+                               " --data.vocab " + tmp / "data/vocab.txt" + " --data.text-column sentence"
+                               " --data.label-column animal --data.max-seq-length 32 --data.global-batch 24 --optim.lr 0.002"
+                               " --eval.split valid --eval.every-steps 10 --ckpt.best-metric macro_f1";
+  auto fine = run_cohort(classify + " --train.max-steps 30 --model.init " + tmp / "pre --out " + tmp / "fine");
+  ASSERT_EQ(fine.code, 0) << fine.err;
+  EXPECT_NE(fine.out.find("model.init: initialised (not in the file): classifier.weight, classifier.bias"),
+            std::string::npos) << fine.out;
+  EXPECT_NE(fine.out.find("model.init: left out (not in this model): cls."), std::string::npos) << fine.out;
+  EXPECT_NE(fine.out.find("macro_f1"), std::string::npos) << fine.out;
+  EXPECT_EQ(fine.out.find("f1/cat"), std::string::npos) << "per-class F1 stays out of the console";
+  EXPECT_NE(read_file(tmp / "fine/metrics.jsonl").find("\"f1/cat\""), std::string::npos);
+  EXPECT_EQ(LabelSet::from_json(read_file(tmp / "fine/labels.json"), "labels.json").names(),
+            (std::vector<std::string>{"cat", "dog", "none"}));
+  auto best = Checkpoints::best(tmp / "fine");
+  ASSERT_GE(best.step, 10);
+  EXPECT_EQ(best.metric, "macro_f1");
+  EXPECT_TRUE(std::filesystem::exists(tmp / "fine/checkpoints/" + Checkpoints::dir_name(best.step)));
+  // A shape mismatch names the tensor.
+  auto wrong = run_cohort(classify + " --model.hidden 64 --train.max-steps 1 --model.init " + tmp / "pre --out " +
+                          tmp / "wrong");
+  EXPECT_EQ(wrong.code, 2) << wrong.err;
+  EXPECT_NE(wrong.err.find("tensor 'bert.embeddings.word_embeddings.weight' has shape ["), std::string::npos) << wrong.err;
+  EXPECT_NE(wrong.err.find(", 32] but the model's 'bert.embeddings.word_embeddings.weight' is ["), std::string::npos)
+      << wrong.err;
+
+  // Eval metrics on the final checkpoint at world sizes 1, 2 and 3.
+  EvalRequest req;
+  req.checkpoint = tmp / "fine";
+  req.split = "test";
+  EvalPlan plan = plan_evaluation(req);
+  std::vector<std::vector<std::pair<std::string, double>>> metrics;
+  std::vector<std::vector<nlohmann::json>> predictions;
+  for (int n : {1, 2, 3}) {
+    std::vector<std::pair<std::string, double>> got;
+    std::string out = tmp / ("predict-" + std::to_string(n) + ".jsonl");
+    cohort::test::spawn(n, [&](int rank) {
+      auto comm = thread_rank(rank, n, tmp / ("store-" + std::to_string(n)));
+      auto task = make_task(plan.cfg, comm->world());
+      load_model_weights(*task->module(), plan.run.resume->dir + "/model.safetensors");
+      Tally tally = evaluate(*task, *task->eval_set("test"), *comm, {7, 0});  // batches of 7: ragged shares
+      if (rank == 0) got = task->report(tally);
+      predict_checkpoint(plan.cfg, *comm, plan.run, tmp / "animals/test.tsv", out);
+    });
+    metrics.push_back(got);
+    predictions.emplace_back();
+    for (const auto& line : cohort::test::lines_of(read_file(out))) predictions.back().push_back(nlohmann::json::parse(line));
+  }
+  ASSERT_GE(metrics[0].size(), 6u);  // loss, accuracy, macro_f1, f1 per class
+  for (size_t k = 1; k < 3; ++k) {
+    ASSERT_EQ(metrics[k].size(), metrics[0].size());
+    for (size_t i = 0; i < metrics[0].size(); ++i) {
+      EXPECT_EQ(metrics[k][i].first, metrics[0][i].first);
+      if (metrics[0][i].first == "loss") EXPECT_NEAR(metrics[k][i].second, metrics[0][i].second, 1e-6);  // fp32 sums
+      else EXPECT_EQ(metrics[k][i].second, metrics[0][i].second) << metrics[0][i].first << " at world " << k + 1;
+    }
+    ASSERT_EQ(predictions[k].size(), 60u);
+    for (size_t i = 0; i < 60; ++i) {
+      EXPECT_EQ(predictions[k][i]["index"], i);
+      EXPECT_EQ(predictions[k][i]["label"], predictions[0][i]["label"]);
+      EXPECT_NEAR(predictions[k][i]["probability"].get<double>(), predictions[0][i]["probability"].get<double>(), 1e-6);
+    }
+  }
+  EXPECT_EQ(predictions[0][0]["probabilities"].size(), 3u);
+  EXPECT_TRUE(predictions[0][0].contains("true_label"));
+
+  // cohort eval prints the confusion matrix; cohort predict writes a line per input.
+  auto eval = run_cohort("eval " + tmp / "fine --split test");
+  ASSERT_EQ(eval.code, 0) << eval.err;
+  EXPECT_NE(eval.out.find("confusion matrix (rows: true label"), std::string::npos) << eval.out;
+  write_file(tmp / "inputs.jsonl", "{\"sentence\": \"the cat sat\"}\n{\"sentence\": \"a dog ran to the park\"}\n");
+  auto predict = run_cohort("predict " + tmp / "fine --input " + tmp / "inputs.jsonl --out " + tmp / "p.jsonl");
+  ASSERT_EQ(predict.code, 0) << predict.err;
+  auto lines = cohort::test::lines_of(read_file(tmp / "p.jsonl"));
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_FALSE(nlohmann::json::parse(lines[0]).contains("true_label"));
+}
