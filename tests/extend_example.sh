@@ -22,7 +22,7 @@ tool=$work/build/cohort-footwear
 if "$tool" train --train.task nope --out "$work/bad" 2> "$work/bad.err"; then
   echo "an unknown task was accepted"; exit 1
 fi
-grep -q "train.task must be one of bert-pretrain | footwear | image-classify (got 'nope')" "$work/bad.err" ||
+grep -q "train.task must be one of bert-classify | bert-pretrain | footwear | image-classify (got 'nope')" "$work/bad.err" ||
   { cat "$work/bad.err"; exit 1; }
 
 "$tool" train --train.task footwear --model.name linear --nproc-per-node 2 --train.max-steps 40 \

@@ -93,6 +93,9 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
       key->to_toml = [&field] { return toml_value(field); };
     } else {
       key->option = app.add_option(flags, field, help)->capture_default_str();
+      if constexpr (std::is_same_v<T, std::string>) {
+        if (field.empty()) key->option->default_str("''");
+      }
       key->to_toml = [&field] { return toml_value(field); };
     }
     key->option->group(group)->multi_option_policy(std::is_same_v<T, std::vector<double>>
@@ -130,6 +133,8 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("data.label-column", c.data.label_column, "bert-classify: the label column; labels are strings", fixed);
   bind("data.max-seq-length", c.data.max_seq_length, "bert-classify: tokens per input with [CLS] and [SEP]s; the longer text is cut first", fixed);
   bind("data.vocab", c.data.vocab, "bert-classify: vocab.txt; '' = data.path's, else the one beside model.init", node);
+  bind("data.labels", c.data.labels, "bert-classify: the label names (a run's labels.json); '' = the train split's; "
+       "eval and predict use the run's", node);
   bind("data.lowercase", c.data.lowercase, "bert-classify: uncased WordPiece (lowercase, strip accents)", fixed);
   bind("data.max-micro-batch", c.data.max_micro_batch, "most samples in one of this node's micro-batches (memory); "
        "a larger share takes more accumulation micro-steps; 0 = no cap", node);
@@ -160,7 +165,7 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("ckpt.every-steps", c.ckpt.every_steps, "checkpoint every N steps; 0 = only at the end");
   bind("ckpt.keep", c.ckpt.keep, "checkpoints kept");
   bind("ckpt.best-metric", c.ckpt.best_metric, "also keep the checkpoint with the best eval value of this metric "
-       "(RUN_DIR/checkpoints/best); lower is better for names with 'loss'; '' = off");
+       "(RUN_DIR/checkpoints/best.json names it); lower is better for names with 'loss'; '' = off");
 
   bind("dist.timeout", c.dist.timeout, "seconds any collective may take before the job fails", node);
   bind("dist.bucket-cap-mb", c.dist.bucket_cap_mb, "gradient all-reduce bucket size, MiB");

@@ -51,6 +51,7 @@ struct DataOptions {
   int64_t max_seq_length = 128;
   std::string vocab;                   // vocab.txt; "": data.path's, else model.init's
   bool lowercase = true;               // uncased WordPiece
+  std::string labels;                  // labels.json; "": the train split's labels
 };
 
 struct OptimOptions {

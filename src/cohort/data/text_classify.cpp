@@ -71,6 +71,7 @@ class RowReader {
     COHORT_CHECK(static_cast<bool>(std::getline(in_, header)), DataError, path, ": empty file (a TSV needs a header row)");
     ++line_;
     strip_cr(header);
+    if (header.rfind("\xEF\xBB\xBF", 0) == 0) header.erase(0, 3);  // a UTF-8 byte-order mark
     header_ = split_tabs(header);
     text_ = column(cols_.text, true);
     pair_ = cols_.text_pair.empty() ? -1 : column(cols_.text_pair, true);
@@ -170,7 +171,7 @@ TextClassification::TextClassification(const std::string& path, const text::Word
     // Longest first: drop the last token of the longer segment until both fit.
     bool cut = false;
     while (static_cast<int64_t>(a.size() + b.size()) > budget) {
-      (a.size() >= b.size() ? a : b).pop_back();
+      (a.size() > b.size() ? a : b).pop_back();  // a tie cuts the second, as BERT's _truncate_seq_pair
       cut = true;
     }
     truncated_ += cut;
@@ -184,6 +185,7 @@ TextClassification::TextClassification(const std::string& path, const text::Word
       row.ids.insert(row.ids.end(), b.begin(), b.end());
       row.ids.push_back(sep);
     }
+    if (!opts.require_labels && label.empty()) has_label = false;  // predict input: a blank label is none
     COHORT_CHECK(!has_label || !label.empty(), DataError, reader.at(), ": empty label");
     label_text.push_back(has_label ? label : std::string());
     where.push_back(reader.at());
@@ -211,7 +213,10 @@ Example TextClassification::get(int64_t index) const {
 
 Example TextClassification::get_batch(const std::vector<int64_t>& indices) const {
   int64_t longest = 1;
-  for (int64_t i : indices) longest = std::max(longest, length(i));
+  for (int64_t i : indices) {
+    COHORT_CHECK(i >= 0 && i < size(), Error, path_, ": row ", i, " out of range");
+    longest = std::max(longest, length(i));
+  }
   const auto n = static_cast<int64_t>(indices.size());
   auto ids = torch::zeros({n, longest}, torch::kInt64);
   auto seg = torch::zeros({n, longest}, torch::kInt64);
@@ -221,8 +226,6 @@ Example TextClassification::get_batch(const std::vector<int64_t>& indices) const
   auto* ps = seg.data_ptr<int64_t>();
   auto* pm = mask.data_ptr<int64_t>();
   for (int64_t r = 0; r < n; ++r) {
-    COHORT_CHECK(indices[static_cast<size_t>(r)] >= 0 && indices[static_cast<size_t>(r)] < size(), Error, path_,
-                 ": row ", indices[static_cast<size_t>(r)], " out of range");
     const Row& row = rows_[static_cast<size_t>(indices[static_cast<size_t>(r)])];
     for (size_t t = 0; t < row.ids.size(); ++t) {
       pi[r * longest + static_cast<int64_t>(t)] = row.ids[t];

@@ -74,7 +74,14 @@ WordnetCounts prepare_wordnet(const WordnetOptions& opts) {
       fields >> offset >> lex >> ss_type >> count_hex;
       COHORT_CHECK(fields && lex >= 0 && lex < static_cast<int>(kLexnames.size()) && !pos_name(ss_type).empty(),
                    DataError, path, ":", line_no, ": malformed synset line");
-      int64_t words = std::stoll(count_hex, nullptr, 16);
+      int64_t words = 0;
+      uint64_t offset_number = 0;
+      try {
+        words = std::stoll(count_hex, nullptr, 16);
+        offset_number = std::stoull(offset);
+      } catch (const std::exception&) {
+        throw DataError(detail::cat(path, ":", line_no, ": malformed offset or word count"));
+      }
       std::string lemmas;
       for (int64_t w = 0; w < words; ++w) {
         std::string word, lex_id;
@@ -86,7 +93,7 @@ WordnetCounts prepare_wordnet(const WordnetOptions& opts) {
       }
       const std::string synset = ss_type.substr(0, 1) + "." + offset;
       // The split: a hash of (seed, offset, part of speech), uniform in [0, 1).
-      const uint64_t key = static_cast<uint64_t>(std::stoull(offset)) * 8 + static_cast<uint64_t>(ss_type[0]);
+      const uint64_t key = offset_number * 8 + static_cast<uint64_t>(ss_type[0]);
       const double u = static_cast<double>(splitmix64(opts.seed ^ splitmix64(key)) >> 11) * 0x1.0p-53;
       int split = u < opts.test_fraction ? 2 : u < opts.test_fraction + opts.valid_fraction ? 1 : 0;
       rows[static_cast<size_t>(split)].emplace_back(u, synset + "\t" + pos_name(ss_type) + "\t" +

@@ -61,6 +61,11 @@ EvalPlan plan_evaluation(const EvalRequest& request) {
   plan.cfg = load_config((fs::path(plan.run.resume->dir) / "config.toml").string());
   plan.cfg.eval.split = request.split;
   plan.cfg.eval.max_samples = request.max_samples;
+  // The run's own label names (bert-classify), so that eval and predict
+  // need not read the train split and map ids as training did.
+  if (auto labels = fs::path(plan.run.out_dir) / "labels.json"; plan.cfg.data.labels.empty() && fs::exists(labels)) {
+    plan.cfg.data.labels = labels.string();
+  }
   validate(plan.cfg);
   return plan;
 }

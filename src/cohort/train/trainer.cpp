@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdarg>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -58,6 +59,24 @@ Precision agree_precision(Precision requested, Comm& comm) {
     if (requested == Precision::kAuto && with_bf16 < world.world_size) p = Precision::kFp32;
   }
   return p;
+}
+
+// Work only rank 0 does ahead of a collective: if it fails there, every
+// rank fails now (rank 0 with its own error) instead of waiting out
+// dist.timeout in the next collective. Collective.
+template <class Fn>
+void on_main_then_agree(Comm& comm, const char* what, Fn fn) {
+  std::exception_ptr error;
+  if (comm.world().is_main()) {
+    try {
+      fn();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  double failed = comm.all_reduce_sum(std::vector<double>{error ? 1.0 : 0.0}, what)[0];
+  if (error) std::rethrow_exception(error);
+  COHORT_CHECK(failed == 0, Error, "rank 0 failed in the ", what, "; its error says why");
 }
 
 NamedTensors module_tensors(torch::nn::Module& module) {
@@ -165,6 +184,7 @@ struct Trainer::Parts {
   void log_train(int64_t epoch);
   void run_eval();
   void keep_best(const EvalReport& r);
+  void check_best_metric() const;
   bool eval_due(const StepBatch& batch) const;
   bool stop_agreed();
   void save_checkpoint();
@@ -181,7 +201,7 @@ Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
   state.scaler = LossScaler(precision == Precision::kFp16);
   task = make_task(cfg, world);
   // model.init: rank 0 reads the weights and the broadcast gives them to all.
-  if (!cfg.model.init.empty() && !run.resume && world.is_main()) init_weights();
+  if (!cfg.model.init.empty() && !run.resume) on_main_then_agree(comm, "model.init load", [&] { init_weights(); });
   broadcast_module(comm, *task->module());
   GradSyncOptions gs;
   gs.bucket_cap_bytes = static_cast<int64_t>(cfg.dist.bucket_cap_mb * (1 << 20));
@@ -192,6 +212,7 @@ Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
   schedule = LrSchedule::from(cfg.optim, total_steps);
   interval.tally = task->empty_tally();
   if (run.resume) resume(*run.resume);
+  if (!cfg.ckpt.best_metric.empty()) check_best_metric();
   balancer = std::make_unique<Balancer>(cfg.data.balance, cfg.data.global_batch, world.world_size,
                                         cfg.data.balance_weights, state.balance_shares);
   state.balance_shares = balancer->shares();
@@ -209,9 +230,10 @@ Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
   // Ranks started with different configs or data would drift or hang later:
   // check now, naming the rank and what differs.
   auto hash = std::stoull(sha256_hex(shared_config(run.config_toml)).substr(0, 15), nullptr, 16);
-  int64_t split_hash = 0;  // each rank's own read of the checkpoint's split
-  for (int64_t s : balancer->shares()) split_hash = split_hash * 1000003 + s;
-  comm.agree({static_cast<int64_t>(hash), task->train_set().size(), total_steps, state.step, split_hash},
+  uint64_t split_hash = 0;  // each rank's own read of the checkpoint's split
+  for (int64_t s : balancer->shares()) split_hash = split_hash * 1000003 + static_cast<uint64_t>(s);
+  comm.agree({static_cast<int64_t>(hash), task->train_set().size(), total_steps, state.step,
+              static_cast<int64_t>(split_hash >> 1)},
              {"config hash", "training samples", "total steps", "start step", "batch split"}, "start-up");
   open_outputs();
 }
@@ -271,18 +293,17 @@ void Trainer::Parts::resume(const ResolvedCheckpoint& from) {
 // dir touched.
 void Trainer::Parts::open_outputs() {
   RunDir dir(run.out_dir);
-  if (world.is_main()) {
+  std::vector<double> best = {0.0, 0.0};  // rank 0's: has one, its value
+  on_main_then_agree(comm, "run directory set-up", [&] {
     for (auto& note : dir.prepare(run.mode(), run.config_toml, state.step)) run.notes.push_back(note);
-  }
-  if (world.is_main()) {
     for (const auto& [name, text] : task->run_files()) write_file_atomically((fs::path(run.out_dir) / name).string(), text);
-    if (run.resume && !cfg.ckpt.best_metric.empty()) {
-      auto best = Checkpoints::best(run.out_dir);
-      if (best.step >= 0 && best.metric == cfg.ckpt.best_metric) best_value = best.value;
-    }
-  }
+    auto b = Checkpoints::best(run.out_dir);
+    if (run.resume && b.step >= 0 && b.metric == cfg.ckpt.best_metric) best = {1.0, b.value};
+  });
+  // Every rank needs the best so far: keep_best's decision is collective.
+  best = comm.all_reduce_sum(best, "best checkpoint so far");
+  if (best[0] > 0) best_value = best[1];
   reporter = rank_reporter(run, world, cfg.log.tensorboard);
-  comm.barrier("run directory set-up");
   if (cfg.log.sample_ids) {
     fs::create_directories(fs::path(dir.sample_ids_file(world.rank)).parent_path());
     sample_log.open(dir.sample_ids_file(world.rank), std::ios::app);
@@ -399,6 +420,18 @@ void Trainer::Parts::run_eval() {
   keep_best(r);
 }
 
+// ckpt.best-metric must be one of the task's eval metrics: said at start-up,
+// not at the first evaluation.
+void Trainer::Parts::check_best_metric() const {
+  std::string have;
+  for (const auto& m : task->report(task->empty_tally())) {
+    if (m.first == cfg.ckpt.best_metric) return;
+    if (m.first.find('/') == std::string::npos) have += (have.empty() ? "" : ", ") + m.first;
+  }
+  throw ConfigError(detail::cat("ckpt.best-metric '", cfg.ckpt.best_metric, "' is not an eval metric of ",
+                                cfg.train.task, " (it reports: ", have, ")"));
+}
+
 // ckpt.best-metric: every rank sees the same reduced metrics, so all take
 // the same decision; the checkpoint is written (collectively) when the
 // metric improved. Lower is better for a loss.
@@ -406,12 +439,7 @@ void Trainer::Parts::keep_best(const EvalReport& r) {
   const std::string& name = cfg.ckpt.best_metric;
   if (name.empty()) return;
   auto it = std::find_if(r.metrics.begin(), r.metrics.end(), [&](const auto& m) { return m.first == name; });
-  if (it == r.metrics.end()) {
-    std::string have;
-    for (const auto& m : r.metrics) have += (have.empty() ? "" : ", ") + m.first;
-    throw ConfigError(detail::cat("ckpt.best-metric '", name, "' is not an eval metric of ", cfg.train.task,
-                                  " (it reports: ", have, ")"));
-  }
+  if (it == r.metrics.end()) return;  // checked at start-up
   const bool lower = name.find("loss") != std::string::npos;
   const double v = it->second;
   if (best_value && (lower ? v >= *best_value : v <= *best_value)) return;

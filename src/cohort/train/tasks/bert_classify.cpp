@@ -10,9 +10,11 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <mutex>
 
 #include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/core/files.hpp"
 #include "cohort/data/text_classify.hpp"
 #include "cohort/distributed/world.hpp"
 #include "cohort/model/bert.hpp"
@@ -45,7 +47,7 @@ std::string find_vocab(const Config& cfg) {
 }
 
 std::string cell_name(int64_t truth, int64_t predicted) {
-  char buf[48];
+  char buf[64];
   std::snprintf(buf, sizeof buf, "confusion/%04lld/%04lld", static_cast<long long>(truth),
                 static_cast<long long>(predicted));
   return buf;
@@ -58,7 +60,13 @@ class BertClassifyTask : public Task {
     tokenizer_ = std::make_unique<text::WordPiece>(text::Vocab::load(find_vocab(cfg)), text::TokenizerOptions{cfg.data.lowercase});
     opts_.columns = {cfg.data.text_column, cfg.data.text_pair_column, cfg.data.label_column};
     opts_.max_seq_length = cfg.data.max_seq_length;
-    train_ = std::make_shared<TextClassification>(classify_file(dir_, "train"), *tokenizer_, opts_);
+    if (!cfg.data.labels.empty()) {
+      labels_ = LabelSet::from_json(read_file(cfg.data.labels), cfg.data.labels);  // the train split loads when needed
+    } else {
+      train_ = std::make_shared<TextClassification>(classify_file(dir_, "train"), *tokenizer_, opts_);
+      labels_ = train_->labels();
+    }
+    COHORT_CHECK(labels_.size() >= 2, DataError, cfg.data.labels, ": fewer than two labels");
     BertConfig bc = BertConfig::from(cfg.model, tokenizer_->vocab().size());
     COHORT_CHECK(bc.vocab_size >= tokenizer_->vocab().size(), ConfigError, "model.vocab-size ", bc.vocab_size,
                  " is smaller than the vocabulary's ", tokenizer_->vocab().size(), " tokens");
@@ -69,7 +77,12 @@ class BertClassifyTask : public Task {
   }
 
   std::shared_ptr<torch::nn::Module> module() override { return model_.ptr(); }
-  const Dataset& train_set() const override { return *train_; }
+  const Dataset& train_set() const override {
+    std::call_once(train_once_, [&] {
+      if (!train_) train_ = std::make_shared<TextClassification>(classify_file(dir_, "train"), *tokenizer_, opts_, labels_);
+    });
+    return *train_;
+  }
   std::string unit_name() const override { return "samples"; }
   bool units_are_samples() const override { return true; }
   bool init_partially() const override { return true; }
@@ -82,7 +95,10 @@ class BertClassifyTask : public Task {
   }
 
   std::shared_ptr<const Dataset> eval_set(const std::string& split) const override {
-    if (split == "train") return train_;
+    if (split == "train") {
+      train_set();
+      return train_;
+    }
     return std::make_shared<TextClassification>(classify_file(dir_, split), *tokenizer_, opts_, labels());
   }
 
@@ -164,7 +180,7 @@ class BertClassifyTask : public Task {
   }
 
  private:
-  const LabelSet& labels() const { return train_->labels(); }
+  const LabelSet& labels() const { return labels_; }
 
   // Per class: F1 from the confusion sums; -1 for a class neither present
   // nor predicted (left out of the macro mean).
@@ -192,7 +208,9 @@ class BertClassifyTask : public Task {
   c10::Device device_;
   std::unique_ptr<text::WordPiece> tokenizer_;
   TextClassifyOptions opts_;
-  std::shared_ptr<TextClassification> train_;
+  LabelSet labels_;
+  mutable std::once_flag train_once_;
+  mutable std::shared_ptr<TextClassification> train_;  // loaded at once, or on first use after data.labels
   BertForClassification model_{nullptr};
 };
 
