@@ -251,3 +251,27 @@ TEST(Config, BalanceWeightsAreAListOnTheCommandLineAndInAFile) {
   EXPECT_NE(error_of([] { validate(parse({"--data.balance", "weights"})); }).find("one weight per rank"), std::string::npos);
   EXPECT_NE(error_of([] { parse({"--data.balance", "fastest"}); }).find("equal | auto | weights"), std::string::npos);
 }
+
+// Hardening: bad files that used to be accepted silently.
+TEST(Config, DirectoriesRepeatedKeysAndNonBooleansAreRefused) {
+  TempDir tmp;
+  EXPECT_NE(error_of([&] { parse({}, tmp.path()); }).find("is a directory; --config takes a TOML file"),
+            std::string::npos);
+  write_file(tmp / "twice.toml", "[optim]\nlr = 0.5\n[data]\nworkers = 1\n[optim]\nlr = 0.1\n");
+  EXPECT_NE(error_of([&] { parse({}, tmp / "twice.toml"); }).find("key 'optim.lr' is given twice"), std::string::npos)
+      << error_of([&] { parse({}, tmp / "twice.toml"); });
+  write_file(tmp / "three.toml", "[data]\ndrop-last = 3\n");
+  EXPECT_NE(error_of([&] { parse({}, tmp / "three.toml"); }).find("key 'data.drop-last' takes true or false (got '3')"),
+            std::string::npos) << error_of([&] { parse({}, tmp / "three.toml"); });
+  write_file(tmp / "ok.toml", "[data]\ndrop-last = true\n");
+  EXPECT_TRUE(parse({}, tmp / "ok.toml").data.drop_last);
+}
+
+TEST(Config, InfiniteAndAbsurdNumbersAreRefused) {
+  EXPECT_NE(error_of([] { validate(parse({"--optim.lr", "inf"})); }).find("optim.lr must be finite and > 0 (got inf)"),
+            std::string::npos) << error_of([] { validate(parse({"--optim.lr", "inf"})); });
+  EXPECT_NE(error_of([] { validate(parse({"--dist.timeout", "1e300"})); }).find("dist.timeout must be > 0 and <= 1e7"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { validate(parse({"--optim.clip-norm", "nan"})); }).find("optim.clip-norm must be finite"),
+            std::string::npos);
+}

@@ -336,3 +336,48 @@ TEST(Balance, DropoutLossDoesNotDependOnTheSplitBert) {
                            " --log.every-steps 1 --eval.every-steps 1000 --eval.split valid --eval.max-samples 16",
                            /*compare_rank_rng=*/false);
 }
+
+// Hardening: a node started with another model is named before any
+// collective whose size depends on the model (Gloo used to abort inside the
+// parameter broadcast).
+TEST(Launch, DifferentModelOnAnotherNodeNamesTheKey) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp);
+  const std::string job = std::string(COHORT_BIN) + " train --model.name mlp --model.hidden 8 --data.global-batch 4 "
+                          "--train.max-steps 5 --dist.timeout 20 --eval.max-samples 8 --data.path " + tmp.path() +
+                          " --out " + (tmp / "run") + " --nnodes 2 --init-method tcp://127.0.0.1:" +
+                          std::to_string(cohort::test::free_port());
+  Background node0(job + " --node-rank 0", tmp, "node0");
+  auto node1 = run_cohort(job.substr(std::string(COHORT_BIN).size() + 1) + " --node-rank 1 --model.hidden 16");
+  EXPECT_EQ(node1.code, 2) << node1.err;
+  EXPECT_NE(node1.err.find("model.hidden differs between rank 0 and rank(s) 1 (rank 1 has 16)"), std::string::npos)
+      << node1.err;
+  EXPECT_EQ(node0.wait(30s), 2) << node0.err();
+  EXPECT_NE(node0.err().find("model.hidden differs between rank 0 and rank(s) 1 (rank 0 has 8)"), std::string::npos)
+      << node0.err();
+  EXPECT_EQ(node0.err().find("EnforceNotMet"), std::string::npos) << node0.err();
+}
+
+// Hardening: a global batch near INT64_MAX is one batch per epoch (it was
+// SIGFPE, exit 136, with no message).
+TEST(Launch, HugeGlobalBatchTrains) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp);
+  auto r = run_cohort("train --model.name mlp --model.hidden 8 --data.global-batch 9223372036854775807"
+                      " --train.max-steps 2 --eval.max-samples 8 --quiet --data.path " + tmp.path() + " --out " + (tmp / "run"));
+  EXPECT_EQ(r.code, 0) << r.err;
+  auto over = run_cohort("train --model.name mlp --model.hidden 8 --train.epochs 9223372036854775807 --data.global-batch 1"
+                         " --quiet --data.path " + tmp.path() + " --out " + (tmp / "over"));
+  EXPECT_EQ(over.code, 2) << over.err;
+  EXPECT_NE(over.err.find("overflows"), std::string::npos) << over.err;
+}
+
+TEST(Launch, ZeroRanksAndNegativeRestartsAreRefused) {
+  TempDir tmp;
+  auto zero = run_cohort("train --nproc-per-node 0 --out " + (tmp / "a"));
+  EXPECT_EQ(zero.code, 2) << zero.err;
+  EXPECT_NE(zero.err.find("--nproc-per-node must be >= 1 (got 0)"), std::string::npos) << zero.err;
+  auto restarts = run_cohort("train --max-restarts -1 --out " + (tmp / "b"));
+  EXPECT_EQ(restarts.code, 2) << restarts.err;
+  EXPECT_NE(restarts.err.find("--max-restarts must be >= 0 (got -1)"), std::string::npos) << restarts.err;
+}

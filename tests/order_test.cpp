@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <set>
 
 #include "cohort/data/loader.hpp"
@@ -181,4 +182,18 @@ TEST(Order, EvalShardsCoverWithoutDuplicates) {
     }
     EXPECT_EQ(covered, 11);
   }
+}
+
+// Hardening: a global batch near INT64_MAX is one short batch per epoch,
+// not an overflow (it was SIGFPE).
+TEST(Order, HugeGlobalBatchDoesNotOverflow) {
+  const int64_t huge = std::numeric_limits<int64_t>::max();
+  GlobalOrder order(10, huge, 1, false);
+  EXPECT_EQ(order.steps_per_epoch(), 1);
+  EXPECT_EQ(order.batch_size_at({0, 0}), 10);
+  EXPECT_EQ(order.advance({0, 0}), (Cursor{1, 0}));
+  EXPECT_EQ(order.cursor_after({0, 0}, 5), (Cursor{5, 0}));
+  GlobalOrder near(huge, huge - 1, 1, false);
+  EXPECT_EQ(near.steps_per_epoch(), 2);
+  EXPECT_EQ(near.cursor_after({0, 0}, 3), (Cursor{1, huge - 1}));
 }

@@ -7,9 +7,11 @@
 #include <cstring>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "cohort/core/error.hpp"
@@ -21,6 +23,7 @@ struct ConfigBinding::Key {
   KeyScope scope = KeyScope::kShared;
   CLI::Option* option = nullptr;
   std::function<std::string()> to_toml;  // current value as a TOML literal
+  bool boolean = false;                   // a flag: a file must say true or false
 };
 
 namespace {
@@ -80,6 +83,7 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
     using T = std::decay_t<decltype(field)>;
     if constexpr (std::is_same_v<T, bool>) {
       key->option = app.add_flag(flags, field, help);
+      key->boolean = true;
       key->option->default_str(field ? "true" : "false");
       key->to_toml = [&field] { return toml_value(field); };
     } else if constexpr (std::is_enum_v<T>) {
@@ -268,6 +272,9 @@ Config load_config(const std::string& path) {
 }
 
 void ConfigBinding::apply_file(const std::string& path) {
+  std::error_code ec;
+  COHORT_CHECK(!std::filesystem::is_directory(path, ec), UsageError, "config ", path,
+               ": is a directory; --config takes a TOML file");
   std::ifstream in(path);
   COHORT_CHECK(in.good(), UsageError, "config ", path, ": cannot read file (",
                std::strerror(errno), ")");
@@ -280,9 +287,12 @@ void ConfigBinding::apply_file(const std::string& path) {
   std::map<std::string, Key*> by_name;
   for (auto& k : keys_) by_name[k->name] = k.get();
 
+  std::set<std::string> seen;
   for (const auto& item : items) {
     if (item.name == "++" || item.name == "--") continue;  // section markers
     std::string name = item.fullname();
+    COHORT_CHECK(seen.insert(name).second, UsageError, "config ", path, ": key '", name,
+                 "' is given twice (a repeated [section]?)");
     auto it = by_name.find(name);
     if (it == by_name.end()) {
       std::string hint;
@@ -298,6 +308,11 @@ void ConfigBinding::apply_file(const std::string& path) {
     if (opt->count() > 0) continue;  // the command line wins
     const bool list = opt->get_expected_max() > 1;
     if (list && item.inputs.empty()) continue;  // [] : the default, no weights
+    if (it->second->boolean) {
+      COHORT_CHECK(item.inputs.size() == 1 && (item.inputs[0] == "true" || item.inputs[0] == "false"), UsageError,
+                   "config ", path, ": key '", name, "' takes true or false (got '",
+                   item.inputs.empty() ? "" : item.inputs[0], "')");
+    }
     COHORT_CHECK(item.inputs.size() == 1 || list, UsageError, "config ", path, ": key '", name,
                  "' takes one value, got ", item.inputs.size());
     try {
@@ -363,7 +378,7 @@ void validate(const Config& c) {
   require(!c.data.label_column.empty(), "data.label-column", "''", "must name a column");
   require(c.data.max_micro_batch >= 0, "data.max-micro-batch", c.data.max_micro_batch, "must be >= 0");
 
-  require(c.optim.lr > 0, "optim.lr", c.optim.lr, "must be > 0");
+  require(std::isfinite(c.optim.lr) && c.optim.lr > 0, "optim.lr", c.optim.lr, "must be finite and > 0");
   require(c.optim.weight_decay >= 0, "optim.weight-decay", c.optim.weight_decay, "must be >= 0");
   require(c.optim.beta1 >= 0 && c.optim.beta1 < 1, "optim.beta1", c.optim.beta1, "must be in [0, 1)");
   require(c.optim.beta2 >= 0 && c.optim.beta2 < 1, "optim.beta2", c.optim.beta2, "must be in [0, 1)");
@@ -377,7 +392,8 @@ void validate(const Config& c) {
           c.optim.warmup_ratio, "must be in [0, 1)");
   require(c.optim.min_lr_ratio >= 0 && c.optim.min_lr_ratio <= 1, "optim.min-lr-ratio",
           c.optim.min_lr_ratio, "must be in [0, 1]");
-  require(c.optim.clip_norm >= 0, "optim.clip-norm", c.optim.clip_norm, "must be >= 0");
+  require(std::isfinite(c.optim.clip_norm) && c.optim.clip_norm >= 0, "optim.clip-norm", c.optim.clip_norm,
+          "must be finite and >= 0");
 
   require(c.eval.every_steps >= 0, "eval.every-steps", c.eval.every_steps, "must be >= 0");
   require(c.eval.batch >= 1, "eval.batch", c.eval.batch, "must be >= 1");
@@ -385,7 +401,8 @@ void validate(const Config& c) {
   require(c.log.every_steps >= 1, "log.every-steps", c.log.every_steps, "must be >= 1");
   require(c.ckpt.every_steps >= 0, "ckpt.every-steps", c.ckpt.every_steps, "must be >= 0");
   require(c.ckpt.keep >= 1, "ckpt.keep", c.ckpt.keep, "must be >= 1");
-  require(c.dist.timeout > 0, "dist.timeout", c.dist.timeout, "must be > 0 seconds");
+  require(c.dist.timeout > 0 && c.dist.timeout <= 1e7, "dist.timeout", c.dist.timeout,
+          "must be > 0 and <= 1e7 seconds (116 days)");
   require(c.dist.bucket_cap_mb > 0, "dist.bucket-cap-mb", c.dist.bucket_cap_mb, "must be > 0");
 
   require(c.model.hidden >= 1, "model.hidden", c.model.hidden, "must be >= 1");

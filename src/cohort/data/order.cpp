@@ -31,7 +31,9 @@ GlobalOrder::GlobalOrder(int64_t dataset_size, int64_t global_batch, uint64_t se
                " leaves no batch of a ", size_, "-sample dataset");
 }
 
-int64_t GlobalOrder::steps_per_epoch() const { return (usable_ + batch_ - 1) / batch_; }
+// Ceiling divisions are written (n - 1) / b + 1: n + b - 1 overflows for a
+// global batch near INT64_MAX.
+int64_t GlobalOrder::steps_per_epoch() const { return (usable_ - 1) / batch_ + 1; }
 
 int64_t GlobalOrder::batch_size_at(const Cursor& c) const {
   return std::min(batch_, usable_ - c.consumed);
@@ -44,7 +46,7 @@ Cursor GlobalOrder::advance(const Cursor& c) const {
 }
 
 Cursor GlobalOrder::cursor_after(const Cursor& start, int64_t steps) const {
-  int64_t left_in_first = (usable_ - start.consumed + batch_ - 1) / batch_;
+  int64_t left_in_first = (usable_ - start.consumed - 1) / batch_ + 1;
   if (steps < left_in_first) return {start.epoch, start.consumed + steps * batch_};
   steps -= left_in_first;
   int64_t spe = steps_per_epoch();

@@ -48,12 +48,15 @@ std::string describe_status(int status) {
 }  // namespace
 
 bool wants_launcher(const LaunchOptions& o) {
-  return o.nproc_per_node > 1 || o.nnodes > 1 || o.first_rank >= 0 || o.world_size > 0 || o.max_restarts > 0;
+  // Anything but one plain process goes through launch_node, which also
+  // refuses the values that make no sense (0 ranks, negative restarts).
+  return o.nproc_per_node != 1 || o.nnodes != 1 || o.first_rank >= 0 || o.world_size > 0 || o.max_restarts != 0;
 }
 
 int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
   COHORT_CHECK(o.nproc_per_node >= 1, UsageError, "--nproc-per-node must be >= 1 (got ", o.nproc_per_node, ")");
   COHORT_CHECK(o.nnodes >= 1, UsageError, "--nnodes must be >= 1 (got ", o.nnodes, ")");
+  COHORT_CHECK(o.max_restarts >= 0, UsageError, "--max-restarts must be >= 0 (got ", o.max_restarts, ")");
   COHORT_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, UsageError, "--node-rank ", o.node_rank,
                " is outside --nnodes ", o.nnodes);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));

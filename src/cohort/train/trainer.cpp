@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <sstream>
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/files.hpp"
@@ -59,6 +60,44 @@ Precision agree_precision(Precision requested, Comm& comm) {
     if (requested == Precision::kAuto && with_bf16 < world.world_size) p = Precision::kFp32;
   }
   return p;
+}
+
+// Ranks started with different configs would build different models and
+// fail inside a collective (Gloo aborts on a size mismatch). Every shared key
+// is compared first, before any collective whose shape depends on the
+// config, and a difference names the key, the ranks and this rank's value.
+// Collective.
+void agree_config(Comm& comm, const std::string& config_toml) {
+  if (comm.size() == 1) return;
+  std::vector<std::string> keys, values;
+  std::istringstream in(shared_config(config_toml));
+  for (std::string line; std::getline(in, line);) {
+    auto eq = line.find('=');
+    keys.push_back(line.substr(0, eq));
+    values.push_back(line.substr(eq + 1));
+  }
+  std::vector<int64_t> hashes;
+  for (const auto& v : values) hashes.push_back(static_cast<int64_t>(std::stoull(sha256_hex(v).substr(0, 15), nullptr, 16)));
+  auto all = comm.all_gather(torch::tensor(hashes, torch::kInt64), "start-up config check");
+  for (int r = 1; r < comm.size(); ++r) {
+    COHORT_CHECK(all[static_cast<size_t>(r)].numel() == static_cast<int64_t>(hashes.size()), ConfigError, "rank ", r,
+                 " has ", all[static_cast<size_t>(r)].numel(), " shared config keys but rank 0 has ", all[0].numel(),
+                 ": are all nodes running the same cohort build?");
+  }
+  std::string diff;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    std::string ranks;
+    for (int r = 1; r < comm.size(); ++r) {
+      if (all[static_cast<size_t>(r)][static_cast<int64_t>(i)].item<int64_t>() != all[0][static_cast<int64_t>(i)].item<int64_t>())
+        ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (!ranks.empty()) {
+      diff += detail::cat(diff.empty() ? "" : "; ", keys[i], " differs between rank 0 and rank(s) ", ranks,
+                          " (rank ", comm.rank(), " has ", values[i], ")");
+    }
+  }
+  COHORT_CHECK(diff.empty(), ConfigError, "ranks were started with different configs: ", diff,
+               ". Every node must give the same values, except per-node keys (README: Scopes)");
 }
 
 // Work only rank 0 does ahead of a collective: if it fails there, every
@@ -196,6 +235,7 @@ struct Trainer::Parts {
 Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
     : cfg(std::move(config)), comm(c), world(c.world()), run(std::move(options)) {
   validate(cfg);
+  agree_config(comm, run.config_toml);
   seed_rngs(cfg.train.seed, world.rank);
   precision = agree_precision(cfg.train.precision, comm);
   state.scaler = LossScaler(precision == Precision::kFp16);
@@ -269,7 +309,12 @@ void Trainer::Parts::build_data() {
   }
   order = std::make_unique<GlobalOrder>(train.size(), cfg.data.global_batch, cfg.train.seed, cfg.data.drop_last,
                                         std::move(bucketing));
-  total_steps = cfg.train.max_steps > 0 ? cfg.train.max_steps : cfg.train.epochs * order->steps_per_epoch();
+  if (cfg.train.max_steps > 0) {
+    total_steps = cfg.train.max_steps;
+  } else {
+    COHORT_CHECK(!__builtin_mul_overflow(cfg.train.epochs, order->steps_per_epoch(), &total_steps), ConfigError,
+                 "train.epochs ", cfg.train.epochs, " x ", order->steps_per_epoch(), " steps per epoch overflows");
+  }
 }
 
 // Weights, optimizer and train state from a verified checkpoint.
