@@ -120,3 +120,9 @@ TEST(Cli, ReadmeDocumentsEveryKey) {
     EXPECT_NE(readme.find("| `" + key + "`"), std::string::npos) << key << " is missing from README's config reference";
   }
 }
+
+TEST(Cli, UnknownCommandLineKeyGetsTheNearestKey) {
+  Result r = run_cohort("train --optim.lrr 3 --out /tmp/never");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("(did you mean '--optim.lr'?)"), std::string::npos) << r.err;
+}

@@ -275,3 +275,12 @@ TEST(Config, InfiniteAndAbsurdNumbersAreRefused) {
   EXPECT_NE(error_of([] { validate(parse({"--optim.clip-norm", "nan"})); }).find("optim.clip-norm must be finite"),
             std::string::npos);
 }
+
+TEST(Config, AListForAOneValueKeyIsRefused) {
+  TempDir tmp;
+  write_file(tmp / "list.toml", "[model]\nhidden = [64]\n");
+  EXPECT_NE(error_of([&] { parse({}, tmp / "list.toml"); }).find("key 'model.hidden' takes one value, not a list"),
+            std::string::npos) << error_of([&] { parse({}, tmp / "list.toml"); });
+  write_file(tmp / "weights.toml", "[data]\nbalance-weights = [2.0, 1.0]\n  # [model] in a comment\nbucket = 4\n");
+  EXPECT_EQ(parse({}, tmp / "weights.toml").data.bucket, 4);
+}

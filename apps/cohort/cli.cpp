@@ -244,7 +244,16 @@ int cli_main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    return fail(std::string(e.what()) + " (see 'cohort --help')", 2);
+    // An unknown --section.key gets the nearest key, as in a config file.
+    std::string hint;
+    for (int i = 1; i < argc && hint.empty(); ++i) {
+      std::string arg = argv[i];
+      if (arg.rfind("--", 0) != 0) continue;
+      std::string name = arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos : arg.find('=') - 2);
+      if (name.find('.') == std::string::npos || train->get_option_no_throw("--" + name) != nullptr) continue;
+      if (std::string near = closest_key(name); !near.empty()) hint = " (did you mean '--" + near + "'?)";
+    }
+    return fail(std::string(e.what()) + hint + " (see 'cohort --help')", 2);
   } catch (const Error& e) {  // a config choice that is not one of its words
     return fail(e.what(), e.exit_code());
   }

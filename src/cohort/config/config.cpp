@@ -194,6 +194,21 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
 
 ConfigBinding::~ConfigBinding() = default;
 
+std::string closest_key(const std::string& name) {
+  static const std::vector<std::string> all = [] {
+    CLI::App app;
+    Config cfg;
+    return ConfigBinding(app, cfg).keys();
+  }();
+  std::string hint;
+  size_t best = 4;
+  for (const auto& k : all) {
+    size_t d = edit_distance(name, k);
+    if (d < best) best = d, hint = k;
+  }
+  return hint;
+}
+
 std::vector<std::string> ConfigBinding::keys() const {
   std::vector<std::string> out;
   for (const auto& k : keys_) out.push_back(k->name);
@@ -287,6 +302,27 @@ void ConfigBinding::apply_file(const std::string& path) {
   std::map<std::string, Key*> by_name;
   for (auto& k : keys_) by_name[k->name] = k.get();
 
+  // Keys whose value is written as an array, from the text itself: the
+  // parser hands `hidden = [64]` over as the single value 64.
+  std::set<std::string> arrays;
+  {
+    std::ifstream raw(path);
+    std::string section;
+    for (std::string line; std::getline(raw, line);) {
+      auto first = line.find_first_not_of(" \t");
+      if (first == std::string::npos || line[first] == '#') continue;
+      line = line.substr(first);
+      if (line[0] == '[') {
+        section = line.substr(1, line.find(']') - 1);
+        continue;
+      }
+      auto eq = line.find('=');
+      if (eq == std::string::npos) continue;
+      std::string key = line.substr(0, line.find_last_not_of(" \t", eq - 1) + 1);
+      auto value = line.find_first_not_of(" \t", eq + 1);
+      if (value != std::string::npos && line[value] == '[') arrays.insert(section.empty() ? key : section + "." + key);
+    }
+  }
   std::set<std::string> seen;
   for (const auto& item : items) {
     if (item.name == "++" || item.name == "--") continue;  // section markers
@@ -295,18 +331,15 @@ void ConfigBinding::apply_file(const std::string& path) {
                  "' is given twice (a repeated [section]?)");
     auto it = by_name.find(name);
     if (it == by_name.end()) {
-      std::string hint;
-      size_t best = 4;
-      for (const auto& k : keys_) {
-        size_t d = edit_distance(name, k->name);
-        if (d < best) best = d, hint = k->name;
-      }
+      std::string hint = closest_key(name);
       throw UsageError(detail::cat("config ", path, ": unknown key '", name, "'",
                                    hint.empty() ? "" : detail::cat(" (did you mean '", hint, "'?)")));
     }
     CLI::Option* opt = it->second->option;
     if (opt->count() > 0) continue;  // the command line wins
     const bool list = opt->get_expected_max() > 1;
+    COHORT_CHECK(list || !arrays.count(name), UsageError, "config ", path, ": key '", name,
+                 "' takes one value, not a list");
     if (list && item.inputs.empty()) continue;  // [] : the default, no weights
     if (it->second->boolean) {
       COHORT_CHECK(item.inputs.size() == 1 && (item.inputs[0] == "true" || item.inputs[0] == "false"), UsageError,

@@ -176,4 +176,8 @@ std::vector<std::string> check_resume_config(const std::string& saved_toml, cons
 // defaults, validated. Throws UsageError or ConfigError naming the file.
 Config load_config(const std::string& path);
 
+// The config key nearest to `name` (an edit distance under 4), for "did you
+// mean" hints; "" when none is near.
+std::string closest_key(const std::string& name);
+
 }  // namespace cohort
