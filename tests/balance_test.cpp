@@ -8,27 +8,13 @@
 #include "cohort/core/error.hpp"
 #include "cohort/data/balance.hpp"
 #include "cohort/data/loader.hpp"
+#include "iota_dataset.hpp"
 
 using namespace cohort;
+using cohort::test::IotaDataset;
+using cohort::test::ids_of;
 
 namespace {
-
-class IotaDataset : public Dataset {
- public:
-  explicit IotaDataset(int64_t n) : n_(n) {}
-  int64_t size() const override { return n_; }
-  Example get(int64_t i) const override { return {{"id", torch::tensor(i)}}; }
-  std::string describe() const override { return "iota"; }
-
- private:
-  int64_t n_;
-};
-
-std::vector<int64_t> ids_of(const Example& batch) {
-  if (batch.empty()) return {};
-  auto t = batch.at("id").contiguous();
-  return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
-}
 
 int64_t sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
 

@@ -5,30 +5,11 @@
 
 #include "cohort/data/loader.hpp"
 #include "cohort/data/order.hpp"
+#include "iota_dataset.hpp"
 
 using namespace cohort;
-
-namespace {
-
-// Sample i is a scalar tensor holding i, so batches show which ids they hold.
-class IotaDataset : public Dataset {
- public:
-  explicit IotaDataset(int64_t n) : n_(n) {}
-  int64_t size() const override { return n_; }
-  Example get(int64_t i) const override { return {{"id", torch::tensor(i)}}; }
-  std::string describe() const override { return "iota"; }
-
- private:
-  int64_t n_;
-};
-
-std::vector<int64_t> ids_of(const Example& batch) {
-  if (batch.empty()) return {};
-  auto t = batch.at("id").contiguous();
-  return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
-}
-
-}  // namespace
+using cohort::test::IotaDataset;
+using cohort::test::ids_of;
 
 TEST(Order, PermutationIsAPermutation) {
   for (int64_t n : {1, 2, 7, 1000}) {

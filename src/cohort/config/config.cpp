@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
@@ -194,15 +195,27 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
 
 ConfigBinding::~ConfigBinding() = default;
 
-std::string closest_key(const std::string& name) {
-  static const std::vector<std::string> all = [] {
+namespace {
+
+// Every key with its scope, from a binding of its own (members destroyed in
+// reverse): what scope_of and closest_key look up.
+const ConfigBinding& reference_binding() {
+  static const struct Reference {
     CLI::App app;
     Config cfg;
-    return ConfigBinding(app, cfg).keys();
-  }();
+    ConfigBinding binding{app, cfg};
+  } reference;
+  return reference.binding;
+}
+
+KeyScope scope_of(const std::string& key) { return reference_binding().scope(key); }
+
+}  // namespace
+
+std::string closest_key(const std::string& name) {
   std::string hint;
   size_t best = 4;
-  for (const auto& k : all) {
+  for (const auto& k : reference_binding().keys()) {
     size_t d = edit_distance(name, k);
     if (d < best) best = d, hint = k;
   }
@@ -221,20 +234,6 @@ KeyScope ConfigBinding::scope(const std::string& key) const {
   }
   return KeyScope::kShared;
 }
-
-namespace {
-
-// The scopes, from a binding of its own (members destroyed in reverse).
-KeyScope scope_of(const std::string& key) {
-  static const struct Scopes {
-    CLI::App app;
-    Config cfg;
-    ConfigBinding binding{app, cfg};
-  } scopes;
-  return scopes.binding.scope(key);
-}
-
-}  // namespace
 
 std::vector<std::pair<std::string, std::string>> read_config_values(const std::string& toml_text) {
   std::vector<std::pair<std::string, std::string>> out;
@@ -290,11 +289,15 @@ void ConfigBinding::apply_file(const std::string& path) {
   std::error_code ec;
   COHORT_CHECK(!std::filesystem::is_directory(path, ec), UsageError, "config ", path,
                ": is a directory; --config takes a TOML file");
-  std::ifstream in(path);
-  COHORT_CHECK(in.good(), UsageError, "config ", path, ": cannot read file (",
-               std::strerror(errno), ")");
+  std::string text;
+  {
+    std::ifstream file(path);
+    COHORT_CHECK(file.good(), UsageError, "config ", path, ": cannot read file (", std::strerror(errno), ")");
+    text.assign(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+  }
   std::vector<CLI::ConfigItem> items;
   try {
+    std::istringstream in(text);
     items = CLI::ConfigTOML().from_config(in);
   } catch (const CLI::Error& e) {
     throw UsageError(detail::cat("config ", path, ": ", e.what()));
@@ -306,7 +309,7 @@ void ConfigBinding::apply_file(const std::string& path) {
   // parser hands `hidden = [64]` over as the single value 64.
   std::set<std::string> arrays;
   {
-    std::ifstream raw(path);
+    std::istringstream raw(text);
     std::string section;
     for (std::string line; std::getline(raw, line);) {
       auto first = line.find_first_not_of(" \t");
