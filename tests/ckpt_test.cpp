@@ -52,6 +52,18 @@ std::map<int64_t, std::vector<int64_t>> ids_per_step(const std::string& run_dir)
   return out;
 }
 
+// (rank, step) pairs logged more than once: steps replayed after a restart
+// must replace, not repeat, their lines.
+int repeated_sample_id_lines(const std::string& run_dir) {
+  int repeated = 0;
+  for (const auto& e : std::filesystem::directory_iterator(run_dir + "/sample-ids")) {
+    std::set<int64_t> steps;
+    for (const auto& line : cohort::test::lines_of(read_file(e.path().string())))
+      repeated += steps.insert(nlohmann::json::parse(line)["step"].get<int64_t>()).second ? 0 : 1;
+  }
+  return repeated;
+}
+
 const std::string kTiny = " --model.name mlp --model.hidden 16 --model.dropout 0.1 --optim.schedule constant "
                           "--log.every-steps 1 --eval.every-steps 1000000 --eval.max-samples 8 --quiet ";
 
@@ -230,6 +242,7 @@ TEST(Restart, KillNineAtRandomStepsStillFinishesExactly) {
   for (pid_t p : all_workers) EXPECT_FALSE(cohort::test::alive(p)) << "worker " << p << " left behind";
 
   EXPECT_EQ(weights_of(tmp / "ref/checkpoints/step-600"), weights_of(tmp / "run/checkpoints/step-600"));
+  EXPECT_EQ(repeated_sample_id_lines(tmp / "run"), 0);
   auto steps = ids_per_step(tmp / "run");
   ASSERT_EQ(steps.size(), 600u);
   for (int64_t epoch = 0; epoch < 60; ++epoch) {

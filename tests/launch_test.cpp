@@ -381,3 +381,43 @@ TEST(Launch, ZeroRanksAndNegativeRestartsAreRefused) {
   EXPECT_EQ(restarts.code, 2) << restarts.err;
   EXPECT_NE(restarts.err.find("--max-restarts must be >= 0 (got -1)"), std::string::npos) << restarts.err;
 }
+
+// Hardening: a restart of a job started with --resume CHECKPOINT and no
+// --out continues from the run's newest checkpoint. It used to go back to
+// the one named and move every newer checkpoint aside.
+TEST(Launch, RestartAfterResumeWithoutOutKeepsProgress) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp);
+  const std::string base = "train --model.name mlp --model.hidden 8 --data.global-batch 4 --log.every-steps 1 "
+                           "--eval.every-steps 1000000 --eval.max-samples 8 --ckpt.keep 100 --ckpt.every-steps 20 "
+                           "--quiet --data.path " + tmp.path();
+  auto first = run_cohort(base + " --train.max-steps 40 --out " + (tmp / "run"));
+  ASSERT_EQ(first.code, 0) << first.err;
+  Background job(std::string(COHORT_BIN) + " " + base + " --train.max-steps 1000000 --max-restarts 1 --resume " +
+                     (tmp / "run/checkpoints/step-20"),
+                 tmp, "job");
+  auto latest = [&] {
+    std::string name = cohort::test::read_file(tmp / "run/checkpoints/latest");
+    return name.rfind("step-", 0) == 0 ? std::atoll(name.c_str() + 5) : 0;
+  };
+  auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (latest() < 100 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(20ms);
+  ASSERT_GE(latest(), 100) << job.err();
+  auto workers = children_of(job.pid());
+  ASSERT_EQ(workers.size(), 1u);
+  kill(workers[0], SIGKILL);
+  deadline = std::chrono::steady_clock::now() + 60s;
+  while (job.err().find("restarting all 1 local rank") == std::string::npos && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(20ms);
+  // The restarted rank is training once its metrics pass step 100 again.
+  std::this_thread::sleep_for(2s);
+  kill(job.pid(), SIGINT);
+  EXPECT_EQ(job.wait(30s), 128 + SIGINT) << job.err();
+  std::vector<std::string> aside;
+  for (const auto& e : std::filesystem::directory_iterator(tmp / "run/checkpoints")) {
+    std::string n = e.path().filename().string();
+    if (n.rfind("abandoned-", 0) == 0) aside.push_back(n);
+  }
+  // Only the first run's step-40 was newer than the checkpoint resumed.
+  EXPECT_EQ(aside, std::vector<std::string>{"abandoned-step-40"}) << job.err();
+}

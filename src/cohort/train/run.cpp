@@ -25,6 +25,13 @@ RunOptions plan_training(const TrainRequest& request, ConfigBinding& binding, Co
   run.out_dir = request.out_dir;
   run.overwrite = request.overwrite;
   std::string resume_path = request.resume_path;
+  std::optional<ResolvedCheckpoint> named;
+  if (!resume_path.empty() && run.out_dir.empty()) {
+    // The run dir comes from --resume before a restart looks in it, so a
+    // restart without --out continues from the run's newest checkpoint too.
+    named = resolve_checkpoint(resume_path, run.notes);
+    run.out_dir = Checkpoints::run_dir_of(named->dir);
+  }
   if (request.generation > 0 && !run.out_dir.empty()) {
     // A restart continues from the run's own newest checkpoint (not an older
     // one named by --resume); without one it repeats the original start:
@@ -33,8 +40,8 @@ RunOptions plan_training(const TrainRequest& request, ConfigBinding& binding, Co
     else if (resume_path.empty()) run.overwrite = true;
   }
   if (!resume_path.empty()) {
-    run.resume = resolve_checkpoint(resume_path, run.notes);
-    if (run.out_dir.empty()) run.out_dir = Checkpoints::run_dir_of(run.resume->dir);
+    if (named && resume_path == request.resume_path) run.resume = std::move(named);
+    else run.resume = resolve_checkpoint(resume_path, run.notes);
   }
   COHORT_CHECK(!run.out_dir.empty(), UsageError, "--out RUN_DIR is required (or --resume RUN_DIR)");
   if (!request.config_path.empty()) binding.apply_file(request.config_path);

@@ -34,14 +34,19 @@ std::vector<std::string> RunDir::prepare(RunMode mode, const std::string& config
     fs::remove_all(dir / "sample-ids", ec);
   } else if (mode == RunMode::kResume) {
     notes = set_aside_checkpoints_after(resumed_step);
-    drop_metrics_after(resumed_step);
+    drop_lines_after(metrics_file(), resumed_step);
+    // The steps after the checkpoint are trained again: a crash must not
+    // leave their sample ids logged twice.
+    for (const auto& e : fs::directory_iterator(dir / "sample-ids", ec)) {
+      if (e.path().extension() == ".jsonl") drop_lines_after(e.path().string(), resumed_step);
+    }
   }
   write_file_atomically((dir / "config.toml").string(), config_toml);
   return notes;
 }
 
-void RunDir::drop_metrics_after(int64_t step) const {
-  std::ifstream in(metrics_file());
+void RunDir::drop_lines_after(const std::string& file, int64_t step) {
+  std::ifstream in(file);
   if (!in) return;
   std::string kept, line;
   while (std::getline(in, line)) {
@@ -52,7 +57,7 @@ void RunDir::drop_metrics_after(int64_t step) const {
     }
     kept += line + "\n";
   }
-  write_file_atomically(metrics_file(), kept);
+  write_file_atomically(file, kept);
 }
 
 std::vector<std::string> RunDir::set_aside_checkpoints_after(int64_t step) const {

@@ -31,13 +31,15 @@ class RunDir {
   // that holds a run, metrics.jsonl or checkpoints/ (UsageError naming the
   // ways on); kOverwrite first
   // removes the earlier run's metrics, checkpoints and sample ids; kResume
-  // keeps them, drops the metrics lines after `resumed_step` (those steps
-  // are trained again) and moves aside (never deletes) checkpoints newer
+  // keeps them, drops the metrics and sample-id lines after `resumed_step`
+  // (those steps are trained again) and moves aside (never deletes) checkpoints newer
   // than it, which belong to an abandoned future. Returns lines to report.
   std::vector<std::string> prepare(RunMode mode, const std::string& config_toml, int64_t resumed_step) const;
 
  private:
-  void drop_metrics_after(int64_t step) const;
+  // Keeps the JSON lines of `file` whose "step" is at most `step` (and drops
+  // a torn last line).
+  static void drop_lines_after(const std::string& file, int64_t step);
   std::vector<std::string> set_aside_checkpoints_after(int64_t step) const;
   std::string path_;
 };
