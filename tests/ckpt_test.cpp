@@ -135,6 +135,23 @@ TEST(Checkpoints, CorruptLatestFallsBackToThePrevious) {
   EXPECT_NE(warnings[1].find("step-20/optimizer.pt"), std::string::npos) << warnings[1];
   EXPECT_EQ(Checkpoints::verify(tmp / "checkpoints/step-10").cursor.consumed, 40);
 
+  // Hardening: state.json is covered too. One flipped bit in the cursor
+  // (40 -> 41) used to resume silently at the wrong sample.
+  std::string state = read_file(tmp / "checkpoints/step-10/state.json");
+  auto at = state.find("\"consumed\": 40");
+  ASSERT_NE(at, std::string::npos) << state;
+  std::string flipped = state;
+  flipped[at + 13] ^= 1;
+  write_file(tmp / "checkpoints/step-10/state.json", flipped);
+  try {
+    Checkpoints::verify(tmp / "checkpoints/step-10");
+    ADD_FAILURE() << "a changed cursor was accepted";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("state.json: checksum mismatch"), std::string::npos) << e.what();
+  }
+  write_file(tmp / "checkpoints/step-10/state.json", state);
+  EXPECT_EQ(Checkpoints::verify(tmp / "checkpoints/step-10").cursor.consumed, 40);
+
   // A half-written directory (no state.json) is skipped too; keep=3 pruned nothing yet.
   std::filesystem::remove(tmp / "checkpoints/step-10/state.json");
   EXPECT_THROW(Checkpoints::resolve(tmp.path(), nullptr), DataError);

@@ -1,6 +1,7 @@
 // The Trainer's parts on their own: the run directory, the open registries,
 // atomic files, the phase timer, and a reporter a library user supplies.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <functional>
@@ -8,6 +9,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/core/files.hpp"
 #include "cohort/core/registry.hpp"
+#include "cohort/core/sha256.hpp"
 #include "cohort/distributed/comm.hpp"
 #include "cohort/obs/reporter.hpp"
 #include "cohort/train/phase_timer.hpp"
@@ -148,8 +150,12 @@ TEST(Trainer, ReportsToTheReporterItIsGiven) {
   // records the training set's size.
   std::string state = read_file(tmp / "run/checkpoints/step-6/state.json");
   ASSERT_NE(state.find("\"train_samples\": 60000"), std::string::npos) << state;
-  write_file(tmp / "run/checkpoints/step-6/state.json",
-             state.replace(state.find("60000"), 5, "59999"));  // state.json is not among the checksummed files
+  // Edited as a user with another data set would have it, re-signed.
+  auto edited = nlohmann::json::parse(state);
+  edited["train_samples"] = 59999;
+  edited.erase("state_sha256");
+  edited["state_sha256"] = cohort::sha256_hex(edited.dump());
+  write_file(tmp / "run/checkpoints/step-6/state.json", edited.dump(2));
   cfg.train.max_steps = 8;
   run.resume = Checkpoints::resolve(tmp / "run", nullptr);
   std::string e = error_of([&] { Trainer(cfg, *comm, run); });

@@ -66,6 +66,7 @@ std::string Checkpoints::write(const CheckpointState& state, const NamedTensors&
     manifest["sha256"][f] = sha256_hex(read_file((tmp / f).string()));
     sync_path((tmp / f).string(), false);
   }
+  manifest["state_sha256"] = sha256_hex(manifest.dump());  // covers the fields above, the step and cursor too
   write_file_atomically((tmp / "state.json").string(), manifest.dump(2) + "\n");
   sync_path(tmp.string(), true);
 
@@ -122,8 +123,16 @@ CheckpointState Checkpoints::verify(const std::string& dir) {
   }
   try {
     int version = m.at("format_version").get<int>();
-    COHORT_CHECK(version == CheckpointState::kFormatVersion, DataError, (d / "state.json").string(),
-                 ": format version ", version, ", this cohort reads version ", CheckpointState::kFormatVersion);
+    COHORT_CHECK(version == CheckpointState::kFormatVersion || version == 1, DataError, (d / "state.json").string(),
+                 ": format version ", version, ", this cohort reads versions 1 and ", CheckpointState::kFormatVersion);
+    if (version >= 2) {
+      // The step and cursor decide what is trained next: a changed bit there
+      // would resume silently at the wrong place. (Version 1 had no checksum.)
+      std::string want = m.at("state_sha256").get<std::string>();
+      m.erase("state_sha256");
+      COHORT_CHECK(sha256_hex(m.dump()) == want, DataError, (d / "state.json").string(),
+                   ": checksum mismatch (corrupt or edited)");
+    }
     for (const char* f : kFiles) {
       std::string want = m.at("sha256").at(f).get<std::string>();
       COHORT_CHECK(sha256_hex(read_file((d / f).string())) == want, DataError, (d / f).string(),

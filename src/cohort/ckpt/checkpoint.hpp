@@ -28,7 +28,7 @@
 namespace cohort {
 
 struct CheckpointState {
-  static constexpr int kFormatVersion = 1;
+  static constexpr int kFormatVersion = 2;  // 2: state.json carries its own checksum
   int64_t step = 0;
   Cursor cursor;
   int64_t samples_seen = 0;
