@@ -26,7 +26,7 @@ def cohort_rate(args, ranks, run_dir):
     cmd = [os.path.join(args.build, "cohort"), "train", "--model.name", "mlp", "--model.hidden", str(args.hidden),
            "--data.global-batch", str(args.batch * ranks), "--train.max-steps", str(args.steps),
            "--log.every-steps", "10", "--eval.max-samples", "512", "--threads", "1", "--quiet",
-           "--out", run_dir, "--overwrite", "--nproc-per-node", str(ranks)]
+           "--out", run_dir, "--overwrite", "--nproc-per-node", str(ranks), "--oversubscribe"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     rates = []
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:

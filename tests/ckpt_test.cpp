@@ -204,7 +204,7 @@ TEST(Resume, OtherWorldSizesConsumeExactlyTheRemainingSamples) {
   cohort::test::write_tiny_dataset(tmp, 100);
   std::string common = "train" + kTiny + "--log.sample-ids --data.global-batch 6 --data.path " + tmp.path();
   ASSERT_EQ(run_cohort(common + " --nproc-per-node 2 --train.max-steps 5 --out " + (tmp / "run")).code, 0);
-  auto r3 = run_cohort("train --resume " + (tmp / "run") + " --nproc-per-node 3 --train.max-steps 11");
+  auto r3 = run_cohort("train --resume " + (tmp / "run") + " --nproc-per-node 3 --oversubscribe --train.max-steps 11");
   ASSERT_EQ(r3.code, 0) << r3.err;
   auto r1 = run_cohort("train --resume " + (tmp / "run") + " --train.max-steps 19");
   ASSERT_EQ(r1.code, 0) << r1.err;
@@ -230,7 +230,7 @@ TEST(Restart, KillNineAtRandomStepsStillFinishesExactly) {
   cohort::test::write_tiny_dataset(tmp, 60);
   std::string common = std::string(COHORT_BIN) + " train" + kTiny +
                        "--log.sample-ids --data.global-batch 6 --ckpt.every-steps 25 --train.max-steps 600 "
-                       "--nproc-per-node 3 --data.path " + tmp.path();
+                       "--nproc-per-node 3 --oversubscribe --data.path " + tmp.path();
   auto reference = run_cohort(common.substr(std::string(COHORT_BIN).size() + 1) + " --out " + (tmp / "ref"));
   ASSERT_EQ(reference.code, 0) << reference.err;
 

@@ -165,6 +165,9 @@ TEST(Rendezvous, SlurmVariables) {
   EXPECT_EQ(s->init.host, "gpu03");
   EXPECT_EQ(s->init.port, 29500);
   EXPECT_FALSE(s->host_store);
+  // Hardening: two jobs on one node must not share the default port.
+  env["SLURM_JOB_ID"] = "123456";
+  EXPECT_EQ(detect_rank_spec(env, "")->init.port, 29500 + 3456);
   // --init-method overrides the node list; MASTER_PORT overrides the port.
   env["MASTER_PORT"] = "4242";
   EXPECT_EQ(detect_rank_spec(env, "")->init.port, 4242);
@@ -191,6 +194,19 @@ TEST(Rendezvous, OpenMpiVariables) {
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("mpirun"), std::string::npos) << e.what();
   }
+}
+
+// Hardening: as the README says, LOCAL_RANK may come without
+// LOCAL_WORLD_SIZE (it was refused: "local rank 1 is outside local world
+// size 1").
+TEST(Rendezvous, EnvLocalRankWithoutLocalWorldSize) {
+  Env env = {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "127.0.0.1"}};
+  auto s = detect_rank_spec(env, "");
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->local_rank, 1);
+  EXPECT_EQ(s->local_world_size, 2);
+  EXPECT_TRUE(resolves("127.0.0.1"));
+  EXPECT_FALSE(resolves("nohost.invalid"));
 }
 
 TEST(Rendezvous, PlainProcessIsSingle) {

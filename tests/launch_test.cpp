@@ -73,7 +73,7 @@ TEST(Launch, LossDoesNotDependOnWorldSize) {
                              "--train.max-steps 50 --log.every-steps 1 --eval.every-steps 25 --eval.max-samples 1000";
   std::vector<std::vector<double>> losses;
   std::vector<std::vector<std::string>> evals;  // the console's eval lines
-  for (std::string shape : {"--nproc-per-node 1", "--nproc-per-node 2", "--nproc-per-node 3",
+  for (std::string shape : {"--nproc-per-node 1", "--nproc-per-node 2", "--nproc-per-node 3 --oversubscribe",
                             "--nproc-per-node 2 --optim.accum-steps 2"}) {
     std::string dir = tmp / ("r" + std::to_string(losses.size()));
     auto r = run_cohort("train " + shape + common + " --out " + dir);
@@ -95,7 +95,7 @@ TEST(Launch, LossDoesNotDependOnWorldSize) {
 
 TEST(Launch, KilledWorkerStopsTheJobAndIsNamed) {
   TempDir tmp;
-  Background job(long_job(tmp, "--nproc-per-node 3 --dist.timeout 30"), tmp, "job");
+  Background job(long_job(tmp, "--nproc-per-node 3 --oversubscribe --dist.timeout 30"), tmp, "job");
   ASSERT_TRUE(wait_for_lines(tmp / "run/metrics.jsonl", 3, 60s)) << job.err();
   pid_t victim = worker_with_rank(job.pid(), 1);
   ASSERT_GT(victim, 0);

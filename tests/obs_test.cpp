@@ -154,7 +154,7 @@ TEST(StepTimes, PhasesSumToTheStepAndTheStragglerIsNamed) {
   cohort::test::write_tiny_dataset(tmp, 64);
   std::string cmd = "env COHORT_DEBUG_DELAY=2:15 " + std::string(COHORT_BIN) +
                     " train --model.name mlp --data.global-batch 6 --train.max-steps 30 --log.every-steps 10 "
-                    "--nproc-per-node 3 --quiet --data.path " + tmp.path() + " --out " + (tmp / "run") +
+                    "--nproc-per-node 3 --oversubscribe --quiet --data.path " + tmp.path() + " --out " + (tmp / "run") +
                     " >/dev/null 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0);
   int lines = 0;

@@ -5,6 +5,7 @@
 #include <torch/cuda.h>
 #include <unistd.h>
 #include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -60,6 +61,10 @@ void configure_process(const TrainOptions& opts, const World& world) {
 }
 
 int cli_main(int argc, char** argv) {
+  // c10's own log lines (socket retries with stack traces) would bury the
+  // one-line errors below; TORCH_CPP_LOG_LEVEL=INFO brings them back.
+  setenv("TORCH_CPP_LOG_LEVEL", "FATAL", /*overwrite=*/0);
+  c10::initLogging();
   CLI::App app{"Cohort: data-parallel training of transformer models across heterogeneous machines."};
   app.set_version_flag("--version", std::string("cohort ") + kVersion);
   app.require_subcommand(1);
@@ -209,6 +214,8 @@ int cli_main(int argc, char** argv) {
   train->add_option("--nproc-per-node,--distributed-gpus", launch.nproc_per_node,
                     "ranks to start on this node (one per GPU, or CPU ranks)")
       ->capture_default_str()->group(dist_group);
+  train->add_flag("--oversubscribe", launch.oversubscribe,
+                  "allow more ranks on this node than it has cores (CPU) or GPUs")->group(dist_group);
   train->add_option("--nnodes", launch.nnodes, "nodes in the job")->capture_default_str()->group(dist_group);
   train->add_option("--node-rank", launch.node_rank, "this node's index, 0..nnodes-1")
       ->capture_default_str()->group(dist_group);
@@ -306,10 +313,12 @@ int cli_main(int argc, char** argv) {
       run.quiet = quiet;
       run.live_progress = isatty(fileno(stdout)) != 0;
       // One rank per GPU by default, as torchrun users expect.
-      if (!env.count("COHORT_RANK") && train->count("--nproc-per-node") == 0 &&
-          cfg.train.device != DeviceKind::kCpu && torch::cuda::is_available()) {
+      const bool gpus = cfg.train.device != DeviceKind::kCpu && torch::cuda::is_available();
+      if (!env.count("COHORT_RANK") && train->count("--nproc-per-node") == 0 && gpus) {
         launch.nproc_per_node = std::max<int>(1, static_cast<int>(torch::cuda::device_count()));
       }
+      launch.max_local_ranks = gpus ? static_cast<int>(torch::cuda::device_count()) : available_cores();
+      launch.local_units = gpus ? "GPUs" : "cores";
       if (!env.count("COHORT_RANK") && wants_launcher(launch)) {
         launch.timeout_s = cfg.dist.timeout;
         return launch_node(launch, std::vector<std::string>(argv, argv + argc));
@@ -319,6 +328,7 @@ int cli_main(int argc, char** argv) {
       comm_opts.backend = cfg.dist.backend;
       comm_opts.generation = request.generation;
       install_stop_handlers();
+      comm_opts.interrupted = [] { return stop_requested(); };
       auto spec = detect_rank_spec(env, launch.init_method);
       std::unique_ptr<Comm> comm = spec ? Comm::connect(*spec, comm_opts) : Comm::single(cfg.train.device);
       if (comm->size() > 1) who = "rank " + std::to_string(comm->rank()) + ": ";
@@ -355,7 +365,9 @@ int cli_main(int argc, char** argv) {
     return 0;
   } catch (const Error& e) {
     std::string msg = e.what();
-    return fail(msg.rfind("rank ", 0) == 0 ? msg : who + msg, e.exit_code());
+    // Stopped by a signal before training began: nothing to save.
+    int code = stop_signal() != 0 ? 128 + stop_signal() : e.exit_code();
+    return fail(msg.rfind("rank ", 0) == 0 ? msg : who + msg, code);
   } catch (const c10::Error& e) {
     return fail(who + e.what_without_backtrace(), 1);
   } catch (const std::exception& e) {

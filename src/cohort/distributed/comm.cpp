@@ -13,7 +13,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -54,6 +56,81 @@ std::string local_address_towards(const std::string& host, int port) {
   if (fd >= 0) close(fd);
   freeaddrinfo(res);
   return out;
+}
+
+using Clock = std::chrono::steady_clock;
+
+// Where to look when ranks do not all arrive, by who started them.
+std::string arrival_hint(const RankSpec& spec) {
+  if (spec.source == "SLURM")
+    return "under SLURM every task must be started by srun: 'cohort train' run straight in an sbatch script is one "
+           "process of SLURM_NTASKS";
+  if (spec.source == "launcher") return "check --nnodes, --nproc-per-node and --node-rank on every node";
+  if (spec.source == "Open MPI") return "check mpirun's -np and hosts";
+  return "check RANK and WORLD_SIZE on every process";
+}
+
+// Waits for `key` in slices, so that `interrupted` is honoured at once.
+void wait_for_key(c10d::Store& store, const std::string& key, Clock::time_point deadline, const CommOptions& opts,
+                  const RankSpec& spec, const char* stage) {
+  while (!store.check({key})) {
+    COHORT_CHECK(!(opts.interrupted && opts.interrupted()), DistError, "rank ", spec.rank,
+                 ": interrupted while the ranks were meeting at ", spec.init.text, " (", stage, ")");
+    if (Clock::now() >= deadline) {
+      throw DistError(detail::cat("rank ", spec.rank, ": rendezvous at ", spec.init.text, " did not complete within ",
+                                  opts.timeout.count() / 1000.0, " s (", stage, "); ", arrival_hint(spec)));
+    }
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+}
+
+// Every rank claims its number and counts itself in; rank 0 publishes the
+// world size. A stray process (another job's rank, or one started twice)
+// is refused instead of joining Gloo's mesh, a world-size mismatch is named,
+// and after 10 s without everyone the wait says who is missing.
+void roll_call(c10d::Store& store, const RankSpec& spec, const CommOptions& opts, Clock::time_point deadline) {
+  const std::string where = spec.init.text;
+  if (spec.rank == 0) store.set("world_size", to_bytes(std::to_string(spec.world_size)));
+  int64_t claims = store.add(detail::cat("claim/", spec.rank), 1);
+  COHORT_CHECK(claims == 1, UsageError, "rank ", spec.rank, ": another process already joined the job at ", where,
+               " as rank ", spec.rank, ": a rank started twice, or a process of another job that uses the same "
+               "address and secret (give each job its own port, or set --dist.secret)");
+  store.add("arrived", 1);
+  wait_for_key(store, "world_size", deadline, opts, spec, "waiting for rank 0");
+  int theirs = std::stoi(to_string(store.get("world_size")));
+  COHORT_CHECK(theirs == spec.world_size, UsageError, "rank ", spec.rank, ": the job at ", where, " has ", theirs,
+               " ranks but this process was told ", spec.world_size, "; ", arrival_hint(spec));
+  const Clock::time_point started = Clock::now();
+  bool told = false;
+  for (;;) {
+    int64_t arrived = store.add("arrived", 0);
+    if (arrived == spec.world_size) return;
+    COHORT_CHECK(arrived < spec.world_size, UsageError, "rank ", spec.rank, ": ", arrived,
+                 " processes joined the job at ", where, " of ", spec.world_size, " ranks; ", arrival_hint(spec));
+    COHORT_CHECK(!(opts.interrupted && opts.interrupted()), DistError, "rank ", spec.rank,
+                 ": interrupted while the ranks were meeting at ", where);
+    auto missing = [&] {
+      std::string out;
+      int listed = 0;
+      for (int r = 0; r < spec.world_size && listed < 8; ++r) {
+        if (store.check({detail::cat("claim/", r)})) continue;
+        out += detail::cat(listed++ ? ", " : "", r);
+      }
+      return out;
+    };
+    if (Clock::now() >= deadline) {
+      throw DistError(detail::cat("rank ", spec.rank, ": only ", arrived, " of ", spec.world_size,
+                                  " ranks arrived at ", where, " within ", opts.timeout.count() / 1000.0,
+                                  " s; missing rank(s) ", missing(), "; ", arrival_hint(spec)));
+    }
+    if (!told && spec.rank == 0 && Clock::now() - started > std::chrono::seconds(10)) {
+      told = true;
+      std::fprintf(stderr, "cohort: rank 0: %lld of %d ranks have arrived at %s; waiting for rank(s) %s (%s)\n",
+                   static_cast<long long>(arrived), spec.world_size, where.c_str(), missing().c_str(),
+                   arrival_hint(spec).c_str());
+    }
+    std::this_thread::sleep_for(milliseconds(50));
+  }
 }
 
 }  // namespace
@@ -192,9 +269,25 @@ std::unique_ptr<Comm> Comm::connect(const RankSpec& spec, const CommOptions& opt
   const std::string where = spec.init.text;
 
   c10::intrusive_ptr<c10d::Store> base;
+  const Clock::time_point deadline = Clock::now() + opts.timeout;
   try {
     if (spec.init.kind == InitMethod::Kind::kTcp) {
-      base = open_tcp_store(spec.init.host, spec.init.port, spec.host_store, opts.timeout);
+      COHORT_CHECK(resolves(spec.init.host), UsageError, "rank ", spec.rank, ": init method ", where, ": host '",
+                   spec.init.host, "' does not resolve to an address");
+      // A client retries in slices, so that a stop signal ends the wait.
+      for (;;) {
+        auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+        try {
+          base = open_tcp_store(spec.init.host, spec.init.port, spec.host_store,
+                                spec.host_store ? opts.timeout : std::clamp(left, milliseconds(1), milliseconds(1000)));
+          base->setTimeout(opts.timeout);
+          break;
+        } catch (const std::exception&) {
+          if (spec.host_store || Clock::now() >= deadline) throw;
+          COHORT_CHECK(!(opts.interrupted && opts.interrupted()), DistError, "rank ", spec.rank,
+                       ": interrupted while connecting to the rendezvous store at ", where);
+        }
+      }
     } else if (spec.init.kind == InitMethod::Kind::kFile) {
       base = c10::make_intrusive<c10d::FileStore>(spec.init.path, spec.world_size);
       base->setTimeout(opts.timeout);
@@ -220,12 +313,13 @@ std::unique_ptr<Comm> Comm::connect(const RankSpec& spec, const CommOptions& opt
     std::string proof = sha256_hex("cohort-proof:" + opts.secret);
     std::string proof_key = "cohort/proof/" + std::to_string(opts.generation);
     if (spec.rank == 0) base->set(proof_key, to_bytes(proof));
-    base->wait({proof_key}, opts.timeout);
+    wait_for_key(*base, proof_key, deadline, opts, spec, "waiting for rank 0");
     COHORT_CHECK(to_string(base->get(proof_key)) == proof, DistError, "rank ", spec.rank,
                  ": refused by the job at ", where,
                  ": its secret differs from ours. Set the same --dist.secret or COHORT_SECRET on every node.");
     impl->store = c10::make_intrusive<c10d::PrefixStore>(
         detail::cat("cohort/", sha256_hex(opts.secret).substr(0, 16), "/", opts.generation), base);
+    roll_call(*impl->store, spec, opts, deadline);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -333,7 +427,8 @@ void Comm::barrier(const char* what) {
   impl_->wait(what, impl_->pg->barrier());
 }
 
-void Comm::agree(const std::vector<int64_t>& values, const std::vector<std::string>& names, const char* what) {
+void Comm::agree(const std::vector<int64_t>& values, const std::vector<std::string>& names, const char* what,
+                 const std::string& hint) {
   COHORT_CHECK(values.size() == names.size(), Error, "agree: ", values.size(), " values for ", names.size(), " names");
   if (!impl_) return;
   auto parts = all_gather_fixed(torch::tensor(values, torch::kInt64), what);
@@ -346,7 +441,9 @@ void Comm::agree(const std::vector<int64_t>& values, const std::vector<std::stri
       }
     }
   }
-  COHORT_CHECK(diff.empty(), DistError, "ranks diverged at ", what, ": ", diff);
+  if (diff.empty()) return;
+  if (!hint.empty()) throw UsageError(detail::cat("ranks differ at ", what, ": ", diff, ". ", hint));
+  throw DistError(detail::cat("ranks diverged at ", what, ": ", diff));
 }
 
 }  // namespace cohort

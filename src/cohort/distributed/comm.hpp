@@ -32,6 +32,9 @@ struct CommOptions {
   DeviceKind device = DeviceKind::kAuto;  // train.device
   BackendKind backend = BackendKind::kAuto;  // dist.backend: for CUDA tensors
   int generation = 0;  // restart attempt: keys of earlier attempts are not seen
+  // Polled while the ranks meet: true ends the rendezvous at once (a stop
+  // signal). Null: never.
+  std::function<bool()> interrupted;
 };
 
 class Comm {
@@ -39,8 +42,11 @@ class Comm {
   // A world of one, without any network.
   static std::unique_ptr<Comm> single(DeviceKind device = DeviceKind::kAuto);
   // Joins the job `spec` describes: connects to (or hosts) the store, checks
-  // the secret, creates the process group and starts the heartbeat. Throws
-  // DistError naming the rendezvous address on failure or timeout.
+  // the secret, takes a roll call (each rank number is claimed once, every
+  // rank agrees on the world size, and a slow rendezvous says whom it waits
+  // for), creates the process group and starts the heartbeat. Throws
+  // DistError naming the rendezvous address on failure or timeout, and
+  // UsageError for a world-size mismatch or a rank number taken twice.
   static std::unique_ptr<Comm> connect(const RankSpec& spec, const CommOptions& opts);
   ~Comm();
 
@@ -61,7 +67,10 @@ class Comm {
   void barrier(const char* what = "barrier");
   // Checks that every rank holds the same `values`; throws DistError naming
   // each disagreeing rank, the field and both values.
-  void agree(const std::vector<int64_t>& values, const std::vector<std::string>& names, const char* what);
+  // A non-empty `hint` says why the values can differ and what to do; then
+  // the error is a UsageError (exit 2: a restart cannot help).
+  void agree(const std::vector<int64_t>& values, const std::vector<std::string>& names, const char* what,
+             const std::string& hint = "");
 
   struct Impl;
 

@@ -1,5 +1,7 @@
 #include "cohort/distributed/rendezvous.hpp"
 
+#include <netdb.h>
+
 #include <algorithm>
 #include <cstdlib>
 
@@ -54,7 +56,7 @@ InitMethod master_from(const Env& env, const std::string& init_flag, const std::
   const std::string* addr = find(env, "MASTER_ADDR");
   std::string host = addr ? *addr : default_host;
   COHORT_CHECK(!host.empty(), UsageError, "MASTER_ADDR is not set", hint);
-  int port = get_int_or(env, "MASTER_PORT", kDefaultPort);
+  int port = get_int_or(env, "MASTER_PORT", default_master_port(env));
   return parse_init_method(detail::cat("tcp://", host, ":", port));
 }
 
@@ -89,6 +91,24 @@ InitMethod parse_init_method(const std::string& text) {
     return m;
   }
   throw UsageError(detail::cat("init method '", text, "' is not tcp://HOST:PORT, file:///PATH or env://"));
+}
+
+bool resolves(const std::string& host) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_socktype = SOCK_STREAM;
+  bool ok = getaddrinfo(host.c_str(), nullptr, &hints, &res) == 0 && res != nullptr;
+  if (res) freeaddrinfo(res);
+  return ok;
+}
+
+int default_master_port(const Env& env) {
+  auto it = env.find("SLURM_JOB_ID");
+  if (it == env.end() || it->second.empty()) return kDefaultPort;
+  try {
+    return kDefaultPort + static_cast<int>(std::stoull(it->second) % 10000);
+  } catch (const std::exception&) {
+    return kDefaultPort;
+  }
 }
 
 Env process_env() {
@@ -195,7 +215,7 @@ std::optional<RankSpec> detect_rank_spec(const Env& env, const std::string& init
     s.host_store = false;
   } else if (present(env, kTorchrun)) {
     const std::string hint = "; env:// needs MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE";
-    s = read_vars(env, kTorchrun, hint);
+    s = read_vars(env, kTorchrun, hint, /*default_local=*/-1);
     if (s.node_rank < 0) s.node_rank = get_int_or(env, "NODE_RANK", 0);
     s.init = master_from(env, init_flag, "", hint);
   } else if (find(env, "SLURM_PROCID") && find(env, "SLURM_NTASKS")) {

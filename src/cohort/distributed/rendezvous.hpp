@@ -45,6 +45,13 @@ Env process_env();
 // scheduler implies. Throws UsageError for missing or inconsistent variables.
 std::optional<RankSpec> detect_rank_spec(const Env& env, const std::string& init_flag);
 
+// Whether `host` (a name or an address) resolves to an address.
+bool resolves(const std::string& host);
+
+// The port a job uses when MASTER_PORT is not set: 29500, or under SLURM
+// 29500 + SLURM_JOB_ID mod 10000, so that two jobs on one node differ.
+int default_master_port(const Env& env);
+
 // The first host of a SLURM node list: "gpu[03-05,9],cpu1" -> "gpu03".
 std::string slurm_first_host(const std::string& nodelist);
 

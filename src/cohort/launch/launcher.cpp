@@ -9,6 +9,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <thread>
 
 #include "cohort/core/error.hpp"
 #include "cohort/distributed/rendezvous.hpp"
@@ -45,6 +47,78 @@ std::string describe_status(int status) {
   return "stopped";
 }
 
+// A stop signal waiting in `watched` (blocked, so it waits), taken off;
+// 0 when none. SIGCHLD stays pending for the supervision loop.
+int pending_stop(const sigset_t& watched) {
+  sigset_t pending;
+  sigpending(&pending);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    if (!sigismember(&pending, sig) || !sigismember(&watched, sig)) continue;
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    timespec now{0, 0};
+    sigtimedwait(&one, nullptr, &now);
+    return sig;
+  }
+  return 0;
+}
+
+// The state letter of /proc/PID/stat ('T': stopped), or 0.
+char process_state(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : 0;
+}
+
+const char* ordinal_suffix(int n) {
+  if (n % 100 >= 11 && n % 100 <= 13) return "th";
+  return n % 10 == 1 ? "st" : n % 10 == 2 ? "nd" : n % 10 == 3 ? "rd" : "th";
+}
+
+// The job's restart generation, in the store every launcher shares (none
+// for file:// with HetSeq's explicit ranks: then each node counts its own).
+class Generation {
+ public:
+  explicit Generation(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+
+  // The newest generation any node started; -1 when unknown.
+  int current() {
+    if (!store_) return -1;
+    try {
+      if (!store_->check({kKey})) return 0;
+      auto v = store_->get(kKey);
+      return std::stoi(std::string(v.begin(), v.end()));
+    } catch (const std::exception&) {
+      return -1;  // the store's host is gone: the workers report it
+    }
+  }
+
+  // Moves the job past `generation`: to generation + 1, or to a newer one
+  // another node started already. Returns the generation to start.
+  int advance_past(int generation) {
+    if (!store_) return generation + 1;
+    try {
+      for (;;) {
+        int now = current();
+        if (now < 0) return generation + 1;
+        if (now > generation) return now;
+        std::string expected = store_->check({kKey}) ? std::to_string(now) : "";
+        std::string want = std::to_string(generation + 1);
+        auto got = store_->compareSet(kKey, bytes(expected), bytes(want));
+        if (std::string(got.begin(), got.end()) == want) return generation + 1;
+      }
+    } catch (const std::exception&) {
+      return generation + 1;
+    }
+  }
+
+ private:
+  static constexpr const char* kKey = "launch/generation";
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
 }  // namespace
 
 bool wants_launcher(const LaunchOptions& o) {
@@ -59,6 +133,9 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
   COHORT_CHECK(o.max_restarts >= 0, UsageError, "--max-restarts must be >= 0 (got ", o.max_restarts, ")");
   COHORT_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, UsageError, "--node-rank ", o.node_rank,
                " is outside --nnodes ", o.nnodes);
+  COHORT_CHECK(o.oversubscribe || o.max_local_ranks <= 0 || o.nproc_per_node <= o.max_local_ranks, UsageError,
+               "--nproc-per-node ", o.nproc_per_node, " is more than the ", o.max_local_ranks, " ", o.local_units,
+               " of this node; pass --oversubscribe to start them anyway");
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
 
   // Block the signals we supervise before any thread exists (the store's
@@ -75,6 +152,8 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
   // Resolve the ranks of this node and the store workers meet at.
   Plan plan;
   InitMethod init = parse_init_method(o.init_method);
+  COHORT_CHECK(init.kind != InitMethod::Kind::kTcp || resolves(init.host), UsageError, "init method ", init.text,
+               ": host '", init.host, "' does not resolve to an address");
   c10::intrusive_ptr<c10d::Store> store;  // held until the workers are done
   COHORT_CHECK(o.world_size == 0 || o.first_rank >= 0, UsageError,
                "--distributed-world-size needs --distributed-rank (the first global rank on this node)");
@@ -127,9 +206,20 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
       }
       store->set(detail::cat("launch/node/", o.node_rank), bytes(std::to_string(o.nproc_per_node)));
       plan.world_size = 0;
+      const auto deadline = Clock::now() + timeout;
       for (int n = 0; n < o.nnodes; ++n) {
         std::string key = detail::cat("launch/node/", n);
-        store->wait({key}, timeout);
+        while (!store->check({key})) {
+          if (int sig = pending_stop(watched)) {
+            std::fprintf(stderr, "cohort: node %d: %s while the nodes were meeting; stopped\n", o.node_rank,
+                         strsignal(sig));
+            return 128 + sig;
+          }
+          COHORT_CHECK(Clock::now() < deadline, DistError, "node ", o.node_rank, ": the ", o.nnodes,
+                       " nodes did not all meet at ", init.text, " within ", o.timeout_s, " s: node ", n,
+                       " never arrived (check --nnodes and --node-rank on every node)");
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
         auto v = store->get(key);
         int count = std::stoi(std::string(v.begin(), v.end()));
         if (n < o.node_rank) plan.first_rank += count;
@@ -142,6 +232,17 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
                                   " within ", o.timeout_s, " s: ", detail::first_line(e.what())));
     }
   }
+  if (!store && init.kind == InitMethod::Kind::kTcp) {
+    // HetSeq's explicit ranks: this launcher still needs the job's store
+    // for the restart generation.
+    try {
+      store = open_tcp_store(init.host, init.port, /*server=*/false, timeout);
+    } catch (const std::exception& e) {
+      throw DistError(detail::cat("node ", o.node_rank, ": cannot reach the rendezvous store at ", init.text,
+                                  " within ", o.timeout_s, " s: ", detail::first_line(e.what())));
+    }
+  }
+  Generation job_generation(store);
   std::fprintf(stderr, "cohort: node %d: ranks %d..%d of %d, rendezvous %s\n", o.node_rank, plan.first_rank,
                plan.first_rank + o.nproc_per_node - 1, plan.world_size, plan.init.c_str());
 
@@ -156,8 +257,12 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
 
   const Env base_env = process_env();
   int interrupted = 0;
+  int stopped_rank = -1;  // a worker found stopped when another failed
+  int superseded_by = -1;  // a newer generation another node started
   auto run_generation = [&](int generation, std::vector<Worker>& workers) -> const Worker* {
+    int started = 0;
     for (int local = 0; local < o.nproc_per_node; ++local) {
+      if (pending_stop(watched)) break;  // the loop below forwards it to those started
       Worker& w = workers[static_cast<size_t>(local)];
       w.local_rank = local;
       w.rank = plan.first_rank + local;
@@ -187,6 +292,7 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
       }
       w.pid = pid;
       w.running = true;
+      ++started;
     }
 
     auto signal_all = [&](int sig) {
@@ -198,7 +304,8 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
     };
     const Worker* failed = nullptr;
     Clock::time_point kill_at = Clock::time_point::max();
-    int running = o.nproc_per_node;
+    Clock::time_point next_poll = Clock::now() + std::chrono::seconds(1);
+    int running = started;
     while (running > 0) {
       timespec tick{0, 200 * 1000 * 1000};
       siginfo_t info;
@@ -223,8 +330,13 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
           w.status = status;
           --running;
           bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-          if (!ok && !failed && !interrupted) {
+          if (!ok && !failed && !interrupted && superseded_by < 0) {
             failed = &w;
+            // A rank that fails because another was stopped (SIGSTOP, a
+            // debugger) is not the culprit: name the stopped one.
+            for (auto& other : workers) {
+              if (other.running && process_state(other.pid) == 'T') stopped_rank = other.rank;
+            }
             // The others may be blocked in a collective with the dead rank;
             // their state is in the last checkpoint, so stop them at once.
             if (running > 0) signal_all(SIGKILL);
@@ -235,6 +347,16 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
         signal_all(SIGKILL);
         kill_at = Clock::time_point::max();
       }
+      if (running > 0 && !interrupted && !failed && superseded_by < 0 && Clock::now() >= next_poll) {
+        // Another node restarted the job: its ranks wait in the newer
+        // generation, so these leave the old one at once.
+        next_poll = Clock::now() + std::chrono::seconds(1);
+        int newest = job_generation.current();
+        if (newest > generation) {
+          superseded_by = newest;
+          signal_all(SIGKILL);
+        }
+      }
     }
 
     return failed;
@@ -242,25 +364,55 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
 
   const Worker* failed = nullptr;
   std::vector<Worker> workers;
-  for (int generation = 0;; ++generation) {
+  for (int generation = 0;;) {
     workers.assign(static_cast<size_t>(o.nproc_per_node), Worker{});
+    superseded_by = -1;
     failed = run_generation(generation, workers);
+    if (superseded_by > generation && !interrupted) {
+      if (superseded_by > o.max_restarts) {
+        std::fprintf(stderr, "cohort: error: node %d: another node restarted the job a %d%s time, past "
+                     "--max-restarts %d; stopped\n", o.node_rank, superseded_by, ordinal_suffix(superseded_by),
+                     o.max_restarts);
+        return 1;
+      }
+      std::fprintf(stderr, "cohort: node %d: another node restarted the job (generation %d); restarting all %d "
+                   "local rank(s) to join it\n", o.node_rank, superseded_by, o.nproc_per_node);
+      generation = superseded_by;
+      continue;
+    }
     bool usage_error = failed && WIFEXITED(failed->status) && WEXITSTATUS(failed->status) == 2;
     if (!failed || interrupted || usage_error || generation >= o.max_restarts) break;
+    int next = job_generation.advance_past(generation);
+    if (next > o.max_restarts) break;
     std::fprintf(stderr, "cohort: node %d: rank %d %s; restarting all %d local rank(s) from the latest checkpoint "
                  "(restart %d of %d)\n", o.node_rank, failed->rank, describe_status(failed->status).c_str(),
-                 o.nproc_per_node, generation + 1, o.max_restarts);
+                 o.nproc_per_node, next, o.max_restarts);
+    generation = next;
+    stopped_rank = -1;
   }
   if (failed) {
+    if (stopped_rank >= 0) {
+      std::fprintf(stderr, "cohort: error: rank %d (node %d) was stopped (SIGSTOP or a debugger) and stopped "
+                   "responding; rank %d then %s; stopped the rank(s) on this node\n", stopped_rank, o.node_rank,
+                   failed->rank, describe_status(failed->status).c_str());
+      return 1;
+    }
     std::fprintf(stderr, "cohort: error: rank %d (node %d, local rank %d, pid %d) %s; stopped the other %d rank(s) "
                  "on this node\n", failed->rank, o.node_rank, failed->local_rank, static_cast<int>(failed->pid),
                  describe_status(failed->status).c_str(), o.nproc_per_node - 1);
     return WIFEXITED(failed->status) && WEXITSTATUS(failed->status) == 2 ? 2 : 1;
   }
   if (interrupted) {
-    bool clean = true;
-    for (const auto& w : workers) clean = clean && WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0;
-    if (clean) {
+    bool clean = true, before_training = true;
+    for (const auto& w : workers) {
+      if (w.pid < 0) continue;  // the signal came before it was started
+      clean = clean && WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0;
+      before_training = before_training && WIFEXITED(w.status) && WEXITSTATUS(w.status) == 128 + interrupted;
+    }
+    if (!clean && before_training) {
+      std::fprintf(stderr, "cohort: node %d: stopped by %s before training began\n", o.node_rank,
+                   strsignal(interrupted));
+    } else if (clean) {
       std::fprintf(stderr, "cohort: node %d: stopped by %s after every rank checkpointed; continue with --resume\n",
                    o.node_rank, strsignal(interrupted));
     } else {

@@ -8,8 +8,13 @@
 // exits non-zero or is killed the others are killed at once (their state is
 // in the last checkpoint) and either all are restarted from it, up to
 // max_restarts times, or the launcher exits non-zero naming the rank and the
-// cause. Workers die with the
-// launcher (PR_SET_PDEATHSIG), so nothing is left behind.
+// cause. The restart generation is the job's, kept in the store: a node
+// whose ranks failed moves it on, and every other node's launcher sees that
+// within a second and restarts its ranks into the same generation, so nodes
+// that failed a different number of times still meet. Workers die with the
+// launcher (PR_SET_PDEATHSIG), so nothing is left behind, and a stop signal
+// is honoured at every stage: while nodes meet, while workers start, and
+// while they run.
 #pragma once
 
 #include <string>
@@ -26,7 +31,10 @@ struct LaunchOptions {
   int first_rank = -1;       // HetSeq --distributed-rank: first global rank here
   double timeout_s = 300;    // rendezvous of the nodes
   double stop_grace_s = 300;  // after SIGINT/SIGTERM: time to checkpoint before SIGKILL
-  int max_restarts = 0;       // restart this node's ranks from the latest checkpoint when one dies
+  int max_restarts = 0;       // restarts of the job (all nodes) from the latest checkpoint when a rank dies
+  int max_local_ranks = 0;    // more than this is refused unless oversubscribe (cores, or GPUs); 0: no limit
+  std::string local_units = "cores";  // what max_local_ranks counts, for the message
+  bool oversubscribe = false;
 };
 
 // True when these options ask for a launcher rather than a single process.

@@ -272,6 +272,12 @@ Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
   auto hash = std::stoull(sha256_hex(shared_config(run.config_toml)).substr(0, 15), nullptr, 16);
   uint64_t split_hash = 0;  // each rank's own read of the checkpoint's split
   for (int64_t s : balancer->shares()) split_hash = split_hash * 1000003 + static_cast<uint64_t>(s);
+  // Each rank resumes from what it finds in --out: on several nodes that
+  // must be one shared directory.
+  comm.agree({state.step}, {"start step"}, "start-up",
+             "Every rank continues from the newest checkpoint it finds in --out " + run.out_dir +
+                 ", so on several nodes --out must be one directory on a filesystem every node shares "
+                 "(or give each node the same copy with --resume)");
   comm.agree({static_cast<int64_t>(hash), task->train_set().size(), total_steps, state.step,
               static_cast<int64_t>(split_hash >> 1)},
              {"config hash", "training samples", "total steps", "start step", "batch split"}, "start-up");
