@@ -126,6 +126,10 @@ TEST(Launch, StalledWorkerIsNamedByTheOthers) {
   std::string err = job.err();
   EXPECT_NE(err.find("cohort: error: rank 0: "), std::string::npos) << err;
   EXPECT_NE(err.find("rank 1 (silent for"), std::string::npos) << err;
+  // Hardening: the launcher's last line blames the stopped rank, not rank 0.
+  auto lines = cohort::test::lines_of(err);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines.back().find("cohort: error: rank 1 (node 0) was stopped (SIGSTOP"), std::string::npos) << err;
   for (pid_t p : others) EXPECT_FALSE(alive(p)) << "worker " << p << " was left behind";
 }
 

@@ -1,0 +1,195 @@
+// Hardening: faults at the rendezvous and in the launcher, each found by a
+// fault-and-bad-input trial (issue 18), end to end through the cohort
+// binary. Every test here failed before its fix.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "helpers.hpp"
+
+using namespace std::chrono_literals;
+using cohort::test::Background;
+using cohort::test::children_of;
+using cohort::test::read_file;
+using cohort::test::run_cohort;
+using cohort::test::TempDir;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string tiny_args(const TempDir& tmp, const std::string& out) {
+  cohort::test::write_tiny_dataset(tmp);
+  return " train --model.name mlp --model.hidden 8 --data.global-batch 4 --log.every-steps 1 "
+         "--eval.every-steps 1000000 --eval.max-samples 8 --quiet --data.path " + tmp.path() +
+         (out.empty() ? "" : " --out " + (tmp / out));
+}
+
+// Waits until `file` holds `text`, or `limit` passes.
+bool wait_for_text(const std::string& file, const std::string& text, std::chrono::seconds limit) {
+  auto end = Clock::now() + limit;
+  while (Clock::now() < end) {
+    if (read_file(file).find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return false;
+}
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+// A lone rank waiting for its peer (as rank 0, hosting the store, and as
+// rank 1, connecting to nobody) stops at once on SIGINT/SIGTERM; it used to
+// wait out the whole dist.timeout.
+TEST(Fault, StopSignalEndsTheRendezvousAtOnce) {
+  TempDir tmp;
+  std::string env = "env MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(cohort::test::free_port()) +
+                    " WORLD_SIZE=2 ";
+  std::string args = tiny_args(tmp, "run") + " --train.max-steps 2 --dist.timeout 300";
+  for (auto [rank, sig] : {std::pair{0, SIGINT}, std::pair{1, SIGTERM}}) {
+    Background lone(env + "RANK=" + std::to_string(rank) + " " + COHORT_BIN + args, tmp, "r" + std::to_string(rank));
+    std::this_thread::sleep_for(2s);
+    auto t0 = Clock::now();
+    kill(lone.pid(), sig);
+    int code = lone.wait(20s);
+    EXPECT_LT(Clock::now() - t0, 5s) << "rank " << rank;
+    EXPECT_EQ(code, 128 + sig) << lone.err();
+    EXPECT_NE(lone.err().find("interrupted while"), std::string::npos) << lone.err();
+  }
+}
+
+// The launcher honours a stop signal while the nodes meet.
+TEST(Fault, StopSignalEndsTheNodeMeetingAtOnce) {
+  TempDir tmp;
+  Background node1(std::string(COHORT_BIN) + tiny_args(tmp, "run") + " --nnodes 2 --node-rank 0 --dist.timeout 300 "
+                       "--init-method tcp://127.0.0.1:" + std::to_string(cohort::test::free_port()),
+                   tmp, "node0");
+  std::this_thread::sleep_for(2s);
+  auto t0 = Clock::now();
+  kill(node1.pid(), SIGTERM);
+  EXPECT_EQ(node1.wait(20s), 128 + SIGTERM) << node1.err();
+  EXPECT_LT(Clock::now() - t0, 5s);
+  EXPECT_NE(node1.err().find("while the nodes were meeting"), std::string::npos) << node1.err();
+}
+
+// A process that reaches a running job's store (same address and secret)
+// is refused at once, whether it claims a taken rank or another world
+// size, and the job goes on. One such process used to hang past
+// dist.timeout with a thread spinning in Gloo.
+TEST(Fault, StrayRankIsRefusedAndTheJobGoesOn) {
+  TempDir tmp;
+  int port = cohort::test::free_port();
+  Background job(std::string(COHORT_BIN) + tiny_args(tmp, "run") + " --train.max-steps 1000000 --nproc-per-node 2 "
+                     "--init-method tcp://127.0.0.1:" + std::to_string(port),
+                 tmp, "job");
+  ASSERT_TRUE(wait_for_text(tmp / "run/metrics.jsonl", "\"step\":3", 60s)) << job.err();
+  std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " ";
+  auto t0 = Clock::now();
+  auto taken = run_cohort(tiny_args(tmp, "stray") + " --train.max-steps 2 --dist.timeout 30",
+                          env + "RANK=1 WORLD_SIZE=2");
+  EXPECT_EQ(taken.code, 2) << taken.err;
+  EXPECT_NE(taken.err.find("another process already joined the job at tcp://127.0.0.1:" + std::to_string(port) +
+                           " as rank 1"), std::string::npos) << taken.err;
+  auto bigger = run_cohort(tiny_args(tmp, "stray2") + " --train.max-steps 2 --dist.timeout 30",
+                           env + "RANK=2 WORLD_SIZE=3");
+  EXPECT_EQ(bigger.code, 2) << bigger.err;
+  EXPECT_NE(bigger.err.find("has 2 ranks but this process was told 3"), std::string::npos) << bigger.err;
+  EXPECT_LT(Clock::now() - t0, 15s);
+  EXPECT_EQ(job.wait(1s), -1) << "the job stopped: " << job.err();
+  kill(job.pid(), SIGINT);
+  EXPECT_EQ(job.wait(30s), 128 + SIGINT) << job.err();
+}
+
+// Nodes that disagree on --nnodes are told so; it used to be a socket
+// timeout.
+TEST(Fault, NnodesMismatchIsNamed) {
+  TempDir tmp;
+  std::string job = std::string(COHORT_BIN) + tiny_args(tmp, "run") + " --train.max-steps 2 --dist.timeout 4 "
+                    "--init-method tcp://127.0.0.1:" + std::to_string(cohort::test::free_port());
+  Background node0(job + " --nnodes 2 --node-rank 0", tmp, "node0");
+  Background node1(job + " --nnodes 3 --node-rank 1", tmp, "node1");
+  EXPECT_NE(node1.wait(40s), 0);
+  EXPECT_NE(node1.err().find("node 2 never arrived (check --nnodes"), std::string::npos) << node1.err();
+  EXPECT_NE(node0.wait(40s), 0);
+  EXPECT_NE(node0.err().find("missing rank(s) 1; check --nnodes"), std::string::npos) << node0.err();
+  for (const auto& err : {node0.err(), node1.err()}) {
+    EXPECT_EQ(err.find("socket.cpp"), std::string::npos) << "c10's log lines leak: " << err;
+    EXPECT_EQ(err.find("frame #"), std::string::npos) << err;
+  }
+}
+
+TEST(Fault, UnresolvableHostAndAbsurdRankCountsAreUsageErrors) {
+  TempDir tmp;
+  auto nohost = run_cohort(tiny_args(tmp, "a") + " --nproc-per-node 2 --init-method tcp://nohost.invalid:1");
+  EXPECT_EQ(nohost.code, 2) << nohost.err;
+  EXPECT_NE(nohost.err.find("host 'nohost.invalid' does not resolve"), std::string::npos) << nohost.err;
+  EXPECT_EQ(nohost.err.find("port in use"), std::string::npos) << nohost.err;
+
+  auto t0 = Clock::now();
+  auto many = run_cohort(tiny_args(tmp, "b") + " --nproc-per-node 100000");
+  EXPECT_LT(Clock::now() - t0, 10s);
+  EXPECT_EQ(many.code, 2) << many.err;
+  EXPECT_NE(many.err.find("--nproc-per-node 100000 is more than the"), std::string::npos) << many.err;
+  EXPECT_NE(many.err.find("--oversubscribe"), std::string::npos) << many.err;
+  EXPECT_FALSE(std::filesystem::exists(tmp / "b/metrics.jsonl"));
+}
+
+// Two nodes restart a different number of times: node 1's rank is killed
+// twice in a row, before node 0 restarted once. The nodes agree on the
+// generation through the store, node 0 follows, and the job finishes. Each
+// node used to count its own restarts, and they never met again.
+TEST(Fault, NodesThatRestartedDifferentlyStillMeet) {
+  TempDir tmp;
+  std::string job = std::string(COHORT_BIN) + tiny_args(tmp, "run") + " --train.max-steps 400 --ckpt.every-steps 20 "
+                    "--dist.timeout 20 --max-restarts 4 --nnodes 2 --init-method tcp://127.0.0.1:" +
+                    std::to_string(cohort::test::free_port());
+  Background node0(job + " --node-rank 0", tmp, "node0");
+  Background node1(job + " --node-rank 1", tmp, "node1");
+  ASSERT_TRUE(wait_for_text(tmp / "run/metrics.jsonl", "\"step\":25", 60s)) << node1.err();
+  for (int kill_no = 1; kill_no <= 2; ++kill_no) {
+    auto workers = children_of(node1.pid());
+    ASSERT_EQ(workers.size(), 1u) << node1.err();
+    kill(workers[0], SIGKILL);
+    ASSERT_TRUE(wait_for_text(tmp / "node1.err", "(restart " + std::to_string(kill_no) + " of 4)", 30s)) << node1.err();
+    for (auto end = Clock::now() + 5s; children_of(node1.pid()).empty() && Clock::now() < end;)
+      std::this_thread::sleep_for(10ms);
+  }
+  auto t0 = Clock::now();
+  EXPECT_EQ(node1.wait(90s), 0) << node1.err();
+  EXPECT_EQ(node0.wait(30s), 0) << node0.err();
+  EXPECT_LT(Clock::now() - t0, 60s);
+  // Node 0 followed to generation 2: told by the store, or by its own rank's
+  // failure once node 1's was gone.
+  EXPECT_TRUE(node0.err().find("another node restarted the job (generation 2)") != std::string::npos ||
+              node0.err().find("(restart 2 of 4)") != std::string::npos) << node0.err();
+  EXPECT_NE(read_file(tmp / "run/metrics.jsonl").find("\"step\":400"), std::string::npos);
+}
+
+// A multi-node restart without a shared --out cannot succeed: the ranks
+// find different checkpoints. It is named once, and not retried.
+TEST(Fault, RestartWithoutASharedRunDirIsNamedNotRetried) {
+  TempDir tmp;
+  std::string job = std::string(COHORT_BIN) + tiny_args(tmp, "") + " --train.max-steps 1000000 "
+                    "--ckpt.every-steps 10 --dist.timeout 20 --max-restarts 3 --nnodes 2 --init-method tcp://127.0.0.1:" +
+                    std::to_string(cohort::test::free_port());
+  Background node0(job + " --node-rank 0 --out " + (tmp / "node0-run"), tmp, "node0");
+  Background node1(job + " --node-rank 1 --out " + (tmp / "node1-run"), tmp, "node1");
+  ASSERT_TRUE(wait_for_text(tmp / "node0-run/metrics.jsonl", "\"step\":15", 60s)) << node0.err();
+  auto workers = children_of(node1.pid());
+  ASSERT_EQ(workers.size(), 1u);
+  kill(workers[0], SIGKILL);
+  EXPECT_EQ(node0.wait(60s), 2) << node0.err();
+  EXPECT_EQ(node1.wait(60s), 2) << node1.err();
+  for (const auto& err : {node0.err(), node1.err()}) {
+    EXPECT_NE(err.find("must be one directory on a filesystem every node shares"), std::string::npos) << err;
+    EXPECT_LE(count_of(err, "restarting all"), 1u) << err;
+  }
+}
