@@ -234,5 +234,25 @@ TEST(BertPipeline, BrokenShardIsOneLineAndExitCode1) {
   EXPECT_EQ(r.err.rfind("cohort: error: ", 0), 0u) << r.err;
 }
 
+// Hardening: train read vocab.txt as a line count, so a vocabulary with a
+// token twice (which prepare --vocab refuses) was accepted.
+TEST(BertPipeline, DuplicateVocabularyTokenIsRefused) {
+  TempDir tmp;
+  auto prep = test::prepare_tiny_bert(tmp);
+  ASSERT_EQ(prep.code, 0) << prep.err;
+  std::string vocab_path = tmp / "data/vocab.txt";
+  auto lines = test::lines_of(test::read_file(vocab_path));
+  ASSERT_GT(lines.size(), 10u);
+  lines.back() = lines[8];
+  std::string vocab;
+  for (const auto& l : lines) vocab += l + "\n";
+  test::write_file(vocab_path, vocab);
+  auto r = test::run_cohort("train --train.task bert-pretrain --model.name bert --model.hidden 16 --model.layers 1"
+                            " --train.max-steps 1 --quiet --data.path " + (tmp / "data") + " --out " + tmp / "run");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("vocab.txt: token '" + lines[8] + "' on line " + std::to_string(lines.size()) +
+                       " already appears on line 9"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace cohort

@@ -148,6 +148,31 @@ TEST(Idx, ImageAndLabelCountsMustAgree) {
   }
 }
 
+// Hardening: a stray label (200 among 0..3) was read as a 201-class
+// dataset; a test label outside the training classes failed inside torch.
+TEST(Idx, StrayLabelIsRefused) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp);
+  std::string labels = cohort::test::read_file(tmp / "train-labels-idx1-ubyte");
+  labels[labels.size() - 3] = static_cast<char>(200);
+  write_file(tmp / "train-labels-idx1-ubyte", labels);
+  try {
+    ImageDataset::load(tmp.path(), "train");
+    ADD_FAILURE() << "a 201-class dataset was accepted";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("label 200 (at index 5) implies 201 classes, but class 4"), std::string::npos)
+        << e.what();
+  }
+  cohort::test::write_tiny_dataset(tmp);
+  std::string test_labels = cohort::test::read_file(tmp / "t10k-labels-idx1-ubyte");
+  test_labels.back() = 9;
+  write_file(tmp / "t10k-labels-idx1-ubyte", test_labels);
+  auto r = cohort::test::run_cohort("train --model.name mlp --model.hidden 8 --train.max-steps 1 --data.global-batch 4 "
+                                    "--quiet --data.path " + tmp.path() + " --out " + (tmp / "run"));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("a label of 9 is outside the training set's 4 classes"), std::string::npos) << r.err;
+}
+
 TEST(Idx, RealFashionMnist) {
   if (!cohort::test::have_fashion_mnist()) GTEST_SKIP() << "SKIPPED: dataset-fashion-mnist is not installed";
   ImageDataset train = ImageDataset::load("/usr/share/datasets/fashion-mnist", "train");

@@ -2,6 +2,8 @@
 // next-sentence pairs, whole-word masking, determinism), the document
 // readers (text, gzip, GCIDE), and the pipeline end to end.
 #include <gtest/gtest.h>
+
+#include <random>
 #include <zlib.h>
 
 #include <algorithm>
@@ -398,6 +400,22 @@ TEST(PrepareReaders, TextDocumentsAreSeparatedByBlankLines) {
   EXPECT_NE(error_of([&] { read_text_documents(tmp.path()); }).find("directory"), std::string::npos);
   write_file(tmp / "bad.gz", std::string("\x1f\x8b\x08\x00garbage that is not deflate", 31));
   EXPECT_NE(error_of([&] { read_text_documents(tmp / "bad.gz"); }).find("bad.gz"), std::string::npos);
+
+  // Hardening: random bytes were read as text and written as shards. A
+  // stray byte in real text is kept; "é" and "日本" are text.
+  std::string noise;
+  std::mt19937 rng(7);
+  for (int i = 0; i < 4096; ++i) noise += static_cast<char>(rng() & 0xFF);
+  write_file(tmp / "noise.bin", noise);
+  EXPECT_NE(error_of([&] { read_text_documents(tmp / "noise.bin"); }).find("is not UTF-8 text"), std::string::npos);
+  std::string fine = "Caf\xC3\xA9 au lait.\n\xE6\x97\xA5\xE6\x9C\xAC\n";
+  for (int i = 0; i < 20; ++i) fine += "A plain English sentence of some length.\n";
+  fine += "One stray \xFF byte.\n";
+  write_file(tmp / "fine.txt", fine);
+  EXPECT_EQ(read_text_documents(tmp / "fine.txt").size(), 1u);
+  write_file(tmp / "overlong.txt", std::string("\xC0\xAF\xED\xA0\x80\xF4\x90\x80\x80\0x", 12));
+  EXPECT_NE(error_of([&] { read_text_documents(tmp / "overlong.txt"); }).find("11 of 13 bytes"), std::string::npos)
+      << error_of([&] { read_text_documents(tmp / "overlong.txt"); });
 }
 
 namespace {

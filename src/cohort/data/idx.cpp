@@ -112,7 +112,21 @@ ImageDataset ImageDataset::load(const std::string& dir, const std::string& split
   COHORT_CHECK(lb.dims.size() == 1, DataError, labels, ": expected 1 dimension [N], got ", lb.dims.size());
   COHORT_CHECK(im.dims[0] == lb.dims[0], DataError, images, " has ", im.dims[0], " images but ", labels,
                " has ", lb.dims[0], " labels");
-  return ImageDataset(std::move(im), std::move(lb), dir + " (" + split + ")");
+  ImageDataset out(std::move(im), std::move(lb), dir + " (" + split + ")");
+  if (split == "train" && out.size() > 0) {
+    // The model gets max label + 1 classes: one stray label (200 among
+    // 0..9) would silently make a 201-class model. Every class must occur.
+    auto counts = torch::bincount(out.labels_);
+    auto empty = counts.eq(0).nonzero();
+    if (empty.numel() > 0) {
+      int64_t top = out.num_classes_ - 1;
+      int64_t at = out.labels_.eq(top).nonzero()[0][0].item<int64_t>();
+      throw DataError(detail::cat(labels, ": label ", top, " (at index ", at, ") implies ", top + 1,
+                                  " classes, but class ", empty[0][0].item<int64_t>(), " and ", empty.numel() - 1,
+                                  " other(s) below it never occur; labels must be 0..K-1 with every class present"));
+    }
+  }
+  return out;
 }
 
 ImageDataset::ImageDataset(IdxArray images, IdxArray labels, std::string origin)

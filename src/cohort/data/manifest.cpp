@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "cohort/core/error.hpp"
+#include "cohort/text/wordpiece.hpp"
 
 namespace cohort {
 
@@ -39,11 +40,15 @@ std::optional<DataManifest> read_manifest(const std::string& dir) {
 }
 
 int64_t data_vocab_size(const std::string& dir) {
-  if (auto m = read_manifest(dir); m && m->vocab_size > 0) return m->vocab_size;
-  std::ifstream in(fs::path(dir) / "vocab.txt");
-  if (!in) return 0;
-  int64_t lines = 0;
-  for (std::string line; std::getline(in, line);) ++lines;
+  // vocab.txt is checked as `prepare --vocab` checks it (one token per line,
+  // each once): a duplicate would make two ids one token.
+  const std::string path = (fs::path(dir) / "vocab.txt").string();
+  int64_t lines = fs::exists(path) ? text::Vocab::load(path).size() : 0;
+  if (auto m = read_manifest(dir); m && m->vocab_size > 0) {
+    COHORT_CHECK(lines == 0 || lines == m->vocab_size, DataError, path, " has ", lines, " tokens but ",
+                 (fs::path(dir) / "manifest.json").string(), " says vocab_size ", m->vocab_size);
+    return m->vocab_size;
+  }
   return lines;
 }
 

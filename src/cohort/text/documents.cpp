@@ -408,12 +408,48 @@ std::vector<Span> spans_from_layout(std::string_view dict) {
   return out;
 }
 
+// Bytes of `s` that are not part of a well-formed UTF-8 sequence (an
+// overlong form, a surrogate or a value above U+10FFFF counts), and NULs.
+size_t bad_text_bytes(std::string_view s) {
+  size_t bad = 0;
+  for (size_t i = 0; i < s.size();) {
+    auto b = static_cast<unsigned char>(s[i]);
+    if (b == 0) {
+      ++bad, ++i;
+      continue;
+    }
+    if (b < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len = b >= 0xF0 && b <= 0xF4 ? 4 : b >= 0xE0 ? 3 : b >= 0xC2 && b <= 0xDF ? 2 : 0;
+    if (b > 0xF4) len = 0;
+    bool ok = len > 0 && i + len <= s.size();
+    uint32_t cp = len == 2 ? b & 0x1F : len == 3 ? b & 0x0F : b & 0x07;
+    for (size_t k = 1; ok && k < len; ++k) {
+      auto c = static_cast<unsigned char>(s[i + k]);
+      ok = (c & 0xC0) == 0x80;
+      cp = (cp << 6) | (c & 0x3F);
+    }
+    ok = ok && !(len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) && !(len == 4 && (cp < 0x10000 || cp > 0x10FFFF));
+    if (ok) {
+      i += len;
+    } else {
+      ++bad, ++i;
+    }
+  }
+  return bad;
+}
+
 }  // namespace
 
 std::vector<Document> read_text_documents(const std::string& path) {
   GzFile f = open_input(path);
   std::vector<Document> docs(1);
+  size_t bytes = 0, bad = 0;
   auto take_line = [&](std::string_view line) {
+    bytes += line.size() + 1;
+    bad += bad_text_bytes(line);
     line = trim(line);
     if (line.empty()) {
       if (!docs.back().empty()) docs.emplace_back();
@@ -438,6 +474,11 @@ std::vector<Document> read_text_documents(const std::string& path) {
     carry.append(chunk.substr(pos));
   }
   take_line(carry);
+  // A few stray bytes are kept (the tokenizer maps them to [UNK]); a file
+  // that is not text at all (random bytes, a binary, an archive) is not.
+  COHORT_CHECK(bad * 100 <= bytes, DataError, path, " is not UTF-8 text: ", bad, " of ", bytes,
+               " bytes are NUL or not valid UTF-8. prepare reads plain text (a sentence per line, a blank line "
+               "between documents, optionally .gz) or a GCIDE dictionary (.dict/.dict.dz)");
   if (docs.back().empty()) docs.pop_back();
   return docs;
 }

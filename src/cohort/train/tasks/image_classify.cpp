@@ -29,7 +29,10 @@ class ImageClassifyTask : public Task {
 
   std::shared_ptr<const Dataset> eval_set(const std::string& split) const override {
     if (split == "train") return train_;
-    return std::make_shared<ImageDataset>(ImageDataset::load(dir_, split));
+    auto set = std::make_shared<ImageDataset>(ImageDataset::load(dir_, split));
+    COHORT_CHECK(set->num_classes() <= train_->num_classes(), DataError, set->describe(), ": a label of ",
+                 set->num_classes() - 1, " is outside the training set's ", train_->num_classes(), " classes");
+    return set;
   }
 
   Units count_units(const Example& batch) const override {
