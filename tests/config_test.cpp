@@ -84,6 +84,37 @@ TEST(Config, WrongTypeIsAnError) {
   EXPECT_THROW(parse({"--optim.lr", "fast"}), CLI::ParseError);
 }
 
+// Hardening: CLI11's reader took an unterminated string as a value ('"abc')
+// and `[model` as part of a key name. The line is named instead.
+TEST(Config, MalformedTomlNamesTheLine) {
+  TempDir tmp;
+  struct Case {
+    std::string text, expected;
+  };
+  for (const auto& c : std::vector<Case>{
+           {"[optim]\nlr = \"abc\n", "c.toml:2: unterminated string"},
+           {"[optim]\nlr = 0.1\n[model\nname = \"mlp\"\n", "c.toml:3: table header without ']'"},
+           {"[model]\nname = 'mlp\n", "c.toml:2: unterminated string"},
+           {"[model]\nname \"mlp\"\n", "c.toml:2: expected key = value"},
+           {"[model]\nname =\n", "c.toml:2: a key without a value"},
+           {"[data]\nbalance-weights = [1.0,\n  2.0\n", "an array is not closed"},
+           {"[model] x\n", "c.toml:1: text after a table header"},
+           {"[mo del]\n", "c.toml:1: malformed table header"},
+       }) {
+    write_file(tmp / "c.toml", c.text);
+    std::string msg = error_of([&] { parse({}, tmp / "c.toml"); });
+    EXPECT_NE(msg.find(c.expected), std::string::npos) << c.text << " -> " << msg;
+  }
+  // What is valid stays valid: comments, quotes with '#' and escapes,
+  // arrays over lines.
+  write_file(tmp / "ok.toml", "# c\n[model]  # the model\nname = \"mlp\" # x\n[data]\npath = \"/a#b\\\"c\"\n"
+                              "balance-weights = [\n  2.0,  # fast\n  1.0,\n]\n");
+  Config cfg = parse({}, tmp / "ok.toml");
+  EXPECT_EQ(cfg.model.name, "mlp");
+  EXPECT_EQ(cfg.data.path, "/a#b\"c");
+  EXPECT_EQ(cfg.data.balance_weights, (std::vector<double>{2.0, 1.0}));
+}
+
 TEST(Config, UnreadableFileIsAUsageError) {
   std::string msg;
   try {

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <charconv>
@@ -285,6 +286,141 @@ Config load_config(const std::string& path) {
   return cfg;
 }
 
+namespace {
+
+// One `key = value` of a config file; `values` has one entry, or an array's.
+struct TomlEntry {
+  std::string key;  // section.key
+  std::vector<std::string> values;
+  bool array = false;
+  int line = 0;
+};
+
+// The TOML that a config file needs, read strictly: [section] tables,
+// `key = value` with a basic or literal string, a bare value (number,
+// boolean) or an array of those (over several lines too), and comments.
+// (CLI11's reader let an unterminated string or `[model` through as values
+// and cut a string at '#'.) UsageError naming the file and line.
+std::vector<TomlEntry> read_toml(const std::string& text, const std::string& path) {
+  std::vector<TomlEntry> out;
+  std::istringstream raw(text);
+  std::string section, line;
+  int number = 0;
+  auto fail = [&](const std::string& what) -> void {
+    throw UsageError(detail::cat("config ", path, ":", number, ": ", what, " (line '", line, "')"));
+  };
+  // Skips blanks; a comment or the end of the line reads as the end.
+  auto skip = [&](size_t i) {
+    while (i < line.size() && (line[i] == ' ' || line[i] == '\t')) ++i;
+    return i < line.size() && line[i] == '#' ? line.size() : i;
+  };
+  // One scalar at `i`, decoded; moves `i` past it.
+  auto scalar = [&](size_t& i) {
+    std::string v;
+    const char quote = line[i];
+    if (quote == '"' || quote == '\'') {
+      if (line.compare(i, 3, std::string(3, quote)) == 0) fail("multi-line strings are not supported");
+      for (++i;; ++i) {
+        if (i >= line.size()) fail("unterminated string");
+        char c = line[i];
+        if (c == quote) break;
+        if (quote == '"' && c == '\\') {
+          if (++i >= line.size()) fail("unterminated string");
+          switch (line[i]) {
+            case 'n': v += '\n'; break;
+            case 't': v += '\t'; break;
+            case 'r': v += '\r'; break;
+            case '"': v += '"'; break;
+            case '\\': v += '\\'; break;
+            default: fail(detail::cat("unsupported escape '\\", line[i], "'"));
+          }
+          continue;
+        }
+        v += c;
+      }
+      ++i;
+      return v;
+    }
+    size_t end = line.find_first_of(",]#", i);
+    if (end == std::string::npos) end = line.size();
+    v = line.substr(i, end - i);
+    v = v.substr(0, v.find_last_not_of(" \t") + 1);
+    if (v.empty()) fail("a missing value");
+    if (v[0] == '{') fail("inline tables are not supported");
+    if (v.find_first_of(" \t=\"'[") != std::string::npos) fail(detail::cat("'", v, "' is not one value"));
+    i = end;
+    return v;
+  };
+  TomlEntry* open_array = nullptr;  // an array continued on the next line
+  bool want_item = true;            // in an array: a value may come next
+  auto array_items = [&](size_t i) {
+    for (i = skip(i); i < line.size(); i = skip(i)) {
+      if (line[i] == ']') {
+        open_array = nullptr;
+        if (skip(i + 1) != line.size()) fail("text after an array");
+        return;
+      }
+      if (line[i] == ',') {
+        if (want_item) fail("a missing value in an array");
+        want_item = true;
+        ++i;
+        continue;
+      }
+      if (!want_item) fail("a ',' is missing between array values");
+      if (line[i] == '[') fail("nested arrays are not supported");
+      open_array->values.push_back(scalar(i));
+      want_item = false;
+    }
+  };
+  while (std::getline(raw, line)) {
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (open_array) {
+      array_items(0);
+      continue;
+    }
+    size_t i = skip(0);
+    if (i == line.size()) continue;
+    if (line[i] == '[') {
+      size_t close = line.find(']', i);
+      if (close == std::string::npos) fail("table header without ']'");
+      section = line.substr(i + 1, close - i - 1);
+      bool ok = !section.empty();
+      for (char c : section) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.');
+      if (!ok) fail("malformed table header");
+      if (skip(close + 1) != line.size()) fail("text after a table header");
+      continue;
+    }
+    size_t eq = line.find('=', i);
+    if (eq == std::string::npos) fail("expected key = value");
+    std::string key = line.substr(i, eq - i);
+    key = key.substr(0, key.find_last_not_of(" \t") + 1);
+    if (key.empty()) fail("a value without a key");
+    for (char c : key)
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) fail("malformed key");
+    TomlEntry entry{section.empty() ? key : section + "." + key, {}, false, number};
+    size_t v = skip(eq + 1);
+    if (v == line.size()) fail("a key without a value");
+    out.push_back(std::move(entry));
+    if (line[v] == '[') {
+      out.back().array = true;
+      open_array = &out.back();
+      want_item = true;
+      array_items(v + 1);
+      continue;
+    }
+    out.back().values.push_back(scalar(v));
+    if (skip(v) != line.size()) fail("text after the value");
+  }
+  if (open_array) {
+    line = "";
+    fail("an array is not closed with ']' before the end of the file");
+  }
+  return out;
+}
+
+}  // namespace
+
 void ConfigBinding::apply_file(const std::string& path) {
   std::error_code ec;
   COHORT_CHECK(!std::filesystem::is_directory(path, ec), UsageError, "config ", path,
@@ -295,68 +431,38 @@ void ConfigBinding::apply_file(const std::string& path) {
     COHORT_CHECK(file.good(), UsageError, "config ", path, ": cannot read file (", std::strerror(errno), ")");
     text.assign(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
   }
-  std::vector<CLI::ConfigItem> items;
-  try {
-    std::istringstream in(text);
-    items = CLI::ConfigTOML().from_config(in);
-  } catch (const CLI::Error& e) {
-    throw UsageError(detail::cat("config ", path, ": ", e.what()));
-  }
   std::map<std::string, Key*> by_name;
   for (auto& k : keys_) by_name[k->name] = k.get();
-
-  // Keys whose value is written as an array, from the text itself: the
-  // parser hands `hidden = [64]` over as the single value 64.
-  std::set<std::string> arrays;
-  {
-    std::istringstream raw(text);
-    std::string section;
-    for (std::string line; std::getline(raw, line);) {
-      auto first = line.find_first_not_of(" \t");
-      if (first == std::string::npos || line[first] == '#') continue;
-      line = line.substr(first);
-      if (line[0] == '[') {
-        section = line.substr(1, line.find(']') - 1);
-        continue;
-      }
-      auto eq = line.find('=');
-      if (eq == std::string::npos) continue;
-      std::string key = line.substr(0, line.find_last_not_of(" \t", eq - 1) + 1);
-      auto value = line.find_first_not_of(" \t", eq + 1);
-      if (value != std::string::npos && line[value] == '[') arrays.insert(section.empty() ? key : section + "." + key);
-    }
-  }
   std::set<std::string> seen;
-  for (const auto& item : items) {
-    if (item.name == "++" || item.name == "--") continue;  // section markers
-    std::string name = item.fullname();
-    COHORT_CHECK(seen.insert(name).second, UsageError, "config ", path, ": key '", name,
+  for (const auto& item : read_toml(text, path)) {
+    const std::string& name = item.key;
+    COHORT_CHECK(seen.insert(name).second, UsageError, "config ", path, ":", item.line, ": key '", name,
                  "' is given twice (a repeated [section]?)");
     auto it = by_name.find(name);
     if (it == by_name.end()) {
       std::string hint = closest_key(name);
-      throw UsageError(detail::cat("config ", path, ": unknown key '", name, "'",
+      throw UsageError(detail::cat("config ", path, ":", item.line, ": unknown key '", name, "'",
                                    hint.empty() ? "" : detail::cat(" (did you mean '", hint, "'?)")));
     }
     CLI::Option* opt = it->second->option;
     if (opt->count() > 0) continue;  // the command line wins
     const bool list = opt->get_expected_max() > 1;
-    COHORT_CHECK(list || !arrays.count(name), UsageError, "config ", path, ": key '", name,
+    COHORT_CHECK(list || !item.array, UsageError, "config ", path, ": key '", name,
                  "' takes one value, not a list");
-    if (list && item.inputs.empty()) continue;  // [] : the default, no weights
+    if (list && item.values.empty()) continue;  // [] : the default, no weights
     if (it->second->boolean) {
-      COHORT_CHECK(item.inputs.size() == 1 && (item.inputs[0] == "true" || item.inputs[0] == "false"), UsageError,
-                   "config ", path, ": key '", name, "' takes true or false (got '",
-                   item.inputs.empty() ? "" : item.inputs[0], "')");
+      COHORT_CHECK(item.values.size() == 1 && (item.values[0] == "true" || item.values[0] == "false"), UsageError,
+                   "config ", path, ":", item.line, ": key '", name, "' takes true or false (got '",
+                   item.values.empty() ? "" : item.values[0], "')");
     }
-    COHORT_CHECK(item.inputs.size() == 1 || list, UsageError, "config ", path, ": key '", name,
-                 "' takes one value, got ", item.inputs.size());
+    COHORT_CHECK(item.values.size() == 1 || list, UsageError, "config ", path, ": key '", name,
+                 "' takes one value, got ", item.values.size());
     try {
-      opt->add_result(item.inputs);
+      opt->add_result(item.values);
       opt->run_callback();
     } catch (const CLI::Error&) {
-      throw UsageError(detail::cat("config ", path, ": key '", name, "': cannot use '",
-                                   item.inputs[0], "' (expected ", opt->get_type_name(), ")"));
+      throw UsageError(detail::cat("config ", path, ":", item.line, ": key '", name, "': cannot use '",
+                                   item.values[0], "' (expected ", opt->get_type_name(), ")"));
     } catch (const ConfigError& e) {
       throw ConfigError(detail::cat("config ", path, ": ", e.what()));
     }
