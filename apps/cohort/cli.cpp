@@ -311,7 +311,10 @@ int cli_main(int argc, char** argv) {
       request.generation = env.count("COHORT_GENERATION") ? std::stoi(env["COHORT_GENERATION"]) : 0;
       RunOptions run = plan_training(request, binding, cfg);
       run.quiet = quiet;
-      run.live_progress = isatty(fileno(stdout)) != 0;
+      // mpirun hands every rank a terminal, and its log then fills with the
+      // bar's escape codes.
+      const bool under_mpirun = env.count("OMPI_COMM_WORLD_SIZE") || env.count("PMI_RANK") || env.count("PMIX_RANK");
+      run.live_progress = cfg.log.progress_bar && !under_mpirun && isatty(fileno(stdout)) != 0;
       // One rank per GPU by default, as torchrun users expect.
       const bool gpus = cfg.train.device != DeviceKind::kCpu && torch::cuda::is_available();
       if (!env.count("COHORT_RANK") && train->count("--nproc-per-node") == 0 && gpus) {

@@ -166,6 +166,8 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
 
   bind("log.every-steps", c.log.every_steps, "console and metrics.jsonl line every N steps");
   bind("log.tensorboard", c.log.tensorboard, "write TensorBoard scalars to RUN_DIR/tensorboard/", node);
+  bind("log.progress-bar", c.log.progress_bar, "redraw a progress bar when the console is a terminal "
+       "(never under mpirun, which hands every rank one); false: plain lines", node);
   bind("log.sample-ids", c.log.sample_ids, "debug: write every rank's sample ids per step to RUN_DIR/sample-ids/", node);
 
   bind("ckpt.every-steps", c.ckpt.every_steps, "checkpoint every N steps; 0 = only at the end");

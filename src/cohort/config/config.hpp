@@ -81,6 +81,7 @@ struct LogOptions {
   int64_t every_steps = 50;
   bool sample_ids = false;    // RUN_DIR/sample-ids/rank-R.jsonl: ids per step
   bool tensorboard = true;    // RUN_DIR/tensorboard/events.out.tfevents.*
+  bool progress_bar = true;   // redraw a bar on a terminal (never under mpirun); false: plain lines
 };
 
 struct CkptOptions {

@@ -1,0 +1,4 @@
+// libFuzzer entry point: fuzz.hpp
+#include "fuzz.hpp"
+
+COHORT_FUZZ_TARGET(state_json)
