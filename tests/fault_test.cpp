@@ -56,7 +56,7 @@ TEST(Fault, StopSignalEndsTheRendezvousAtOnce) {
   std::string args = tiny_args(tmp, "run") + " --train.max-steps 2 --dist.timeout 300";
   for (auto [rank, sig] : {std::pair{0, SIGINT}, std::pair{1, SIGTERM}}) {
     Background lone(env + "RANK=" + std::to_string(rank) + " " + COHORT_BIN + args, tmp, "r" + std::to_string(rank));
-    std::this_thread::sleep_for(2s);
+    std::this_thread::sleep_for(4s);  // past start-up, into the rendezvous
     auto t0 = Clock::now();
     kill(lone.pid(), sig);
     int code = lone.wait(20s);
@@ -72,7 +72,7 @@ TEST(Fault, StopSignalEndsTheNodeMeetingAtOnce) {
   Background node1(std::string(COHORT_BIN) + tiny_args(tmp, "run") + " --nnodes 2 --node-rank 0 --dist.timeout 300 "
                        "--init-method tcp://127.0.0.1:" + std::to_string(cohort::test::free_port()),
                    tmp, "node0");
-  std::this_thread::sleep_for(2s);
+  std::this_thread::sleep_for(4s);
   auto t0 = Clock::now();
   kill(node1.pid(), SIGTERM);
   EXPECT_EQ(node1.wait(20s), 128 + SIGTERM) << node1.err();
@@ -192,4 +192,18 @@ TEST(Fault, RestartWithoutASharedRunDirIsNamedNotRetried) {
     EXPECT_NE(err.find("must be one directory on a filesystem every node shares"), std::string::npos) << err;
     EXPECT_LE(count_of(err, "restarting all"), 1u) << err;
   }
+}
+
+// `cohort train` run straight in an sbatch script is one process of
+// SLURM_NTASKS: the wait says to use srun (it used to wait out
+// dist.timeout with no hint).
+TEST(Fault, SbatchWithoutSrunGetsAHint) {
+  TempDir tmp;
+  int port = cohort::test::free_port();
+  auto r = run_cohort(tiny_args(tmp, "run") + " --train.max-steps 2 --dist.timeout 3",
+                      "SLURM_JOB_ID=77 SLURM_PROCID=0 SLURM_NTASKS=4 SLURM_JOB_NODELIST=127.0.0.1 MASTER_PORT=" +
+                          std::to_string(port));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("only 1 of 4 ranks arrived"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("every task must be started by srun"), std::string::npos) << r.err;
 }

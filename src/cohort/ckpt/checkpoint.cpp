@@ -7,6 +7,7 @@
 #include <torch/serialize.h>
 
 #include <algorithm>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -15,6 +16,7 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/files.hpp"
+#include "cohort/core/json_fields.hpp"
 #include "cohort/core/sha256.hpp"
 
 namespace cohort {
@@ -103,7 +105,7 @@ Checkpoints::Best Checkpoints::best(const std::string& run_dir) {
   if (!fs::exists(path)) return b;
   try {
     auto j = nlohmann::json::parse(read_file(path.string()));
-    b.step = j.at("step").get<int64_t>();
+    b.step = json_int(j.at("step"), path.string() + ": field 'step'", 0);
     b.metric = j.at("metric").get<std::string>();
     b.value = j.at("value").get<double>();
   } catch (const nlohmann::json::exception& e) {
@@ -122,7 +124,11 @@ CheckpointState Checkpoints::verify(const std::string& dir) {
     throw DataError(detail::cat((d / "state.json").string(), ": not valid JSON (", e.what(), ")"));
   }
   try {
-    int version = m.at("format_version").get<int>();
+    const std::string file = (d / "state.json").string();
+    auto field = [&](const char* key, int64_t lo, int64_t hi = std::numeric_limits<int64_t>::max()) {
+      return json_int(m.at(key), detail::cat(file, ": field '", key, "'"), lo, hi);
+    };
+    int version = static_cast<int>(field("format_version", 0, 1 << 20));
     COHORT_CHECK(version == CheckpointState::kFormatVersion || version == 1, DataError, (d / "state.json").string(),
                  ": format version ", version, ", this cohort reads versions 1 and ", CheckpointState::kFormatVersion);
     if (version >= 2) {
@@ -139,12 +145,12 @@ CheckpointState Checkpoints::verify(const std::string& dir) {
                    ": checksum mismatch (corrupt or partly written)");
     }
     CheckpointState s;
-    s.step = m.at("step").get<int64_t>();
-    s.cursor = {m.at("epoch").get<int64_t>(), m.at("consumed").get<int64_t>()};
-    s.samples_seen = m.at("samples_seen").get<int64_t>();
-    s.world_size = m.at("world_size").get<int>();
-    s.train_samples = m.value("train_samples", int64_t{-1});
-    s.balance_shares = m.value("balance_shares", std::vector<int64_t>{});
+    s.step = field("step", 0);
+    s.cursor = {field("epoch", 0), field("consumed", 0)};
+    s.samples_seen = field("samples_seen", 0);
+    s.world_size = static_cast<int>(field("world_size", 1, std::numeric_limits<int>::max()));
+    s.train_samples = m.contains("train_samples") ? field("train_samples", -1) : -1;
+    if (m.contains("balance_shares")) s.balance_shares = json_ints(m.at("balance_shares"), file + ": field 'balance_shares'", 0);
     return s;
   } catch (const nlohmann::json::exception& e) {
     throw DataError(detail::cat((d / "state.json").string(), ": missing field (", e.what(), ")"));

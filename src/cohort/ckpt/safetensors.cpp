@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "cohort/core/error.hpp"
+#include "cohort/core/json_fields.hpp"
 
 namespace cohort {
 
@@ -92,25 +93,27 @@ SafetensorsFile load_safetensors(const std::string& path) {
     }
     try {
       std::string dtype = entry.at("dtype").get<std::string>();
-      auto shape = entry.at("shape").get<std::vector<int64_t>>();
-      auto offsets = entry.at("data_offsets").get<std::vector<int64_t>>();
+      const std::string field = detail::cat(path, ": tensor '", name, "': ");
+      auto shape = json_ints(entry.at("shape"), field + "shape");
+      auto offsets = json_ints(entry.at("data_offsets"), field + "data_offsets");
       torch::ScalarType type = torch::kFloat32;
       bool known = false;
       for (const auto& [dn, dt] : dtypes())
         if (dn == dtype) type = dt, known = true;
       COHORT_CHECK(known, DataError, path, ": tensor '", name, "' has unsupported dtype ", dtype);
-      int64_t numel = 1;
+      // Overflow-checked (found by fuzz/: a shape of 2^62 x 4 wrapped around).
+      int64_t bytes = static_cast<int64_t>(c10::elementSize(type));
       for (int64_t d : shape) {
         COHORT_CHECK(d >= 0, DataError, path, ": tensor '", name, "' has a negative dimension");
-        numel *= d;
+        COHORT_CHECK(!__builtin_mul_overflow(bytes, d, &bytes), DataError, path, ": tensor '", name,
+                     "' has an impossible shape (its size overflows)");
       }
-      int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(type));
-      COHORT_CHECK(offsets.size() == 2 && offsets[0] >= 0 && offsets[1] - offsets[0] == bytes &&
-                       offsets[1] <= data_size,
+      COHORT_CHECK(offsets.size() == 2 && offsets[0] >= 0 && offsets[1] >= offsets[0] &&
+                       offsets[1] - offsets[0] == bytes && offsets[1] <= data_size,
                    DataError, path, ": tensor '", name, "' has data_offsets outside the file or not matching its "
                    "shape (file truncated?)");
       auto t = torch::empty(shape, torch::TensorOptions().dtype(type));
-      std::memcpy(t.data_ptr(), blob.data() + offsets[0], static_cast<size_t>(bytes));
+      if (bytes > 0) std::memcpy(t.data_ptr(), blob.data() + offsets[0], static_cast<size_t>(bytes));
       out.tensors[name] = t;
     } catch (const nlohmann::json::exception& e) {
       throw DataError(detail::cat(path, ": tensor '", name, "' has a malformed header entry (", e.what(), ")"));

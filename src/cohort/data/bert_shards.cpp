@@ -363,8 +363,37 @@ ShardShape inspect(const std::string& path) {
     COHORT_CHECK(rank == kRanks[k], DataError, path, ": dataset '", key, "' has rank ", rank, " (shape ",
                  shape_str(dims[k]), "); expected rank ", kRanks[k], " ", kShapes[k]);
     H5Id dcpl(H5Dget_create_plist(d.get()), H5Pclose);
+    const H5D_layout_t layout = dcpl.ok() ? H5Pget_layout(dcpl.get()) : H5D_LAYOUT_ERROR;
+    {
+      // Where the data is must be inside the file: libhdf5 itself reads a
+      // contiguous dataset from wherever its header points (found by fuzz/:
+      // a flipped address made H5Dread copy from address 0).
+      const size_t elem = type.ok() ? H5Tget_size(type.get()) : 0;
+      COHORT_CHECK(elem >= 1 && elem <= 8, DataError, path, ": dataset '", key, "' has ", elem * 8,
+                   "-bit integers; expected 8 to 64");
+      uint64_t need = elem;
+      for (hsize_t n : dims[k]) {
+        COHORT_CHECK(!__builtin_mul_overflow(need, static_cast<uint64_t>(n), &need), DataError, path, ": dataset '",
+                     key, "' has an impossible shape ", shape_str(dims[k]));
+      }
+      std::error_code ec;
+      const uint64_t file_bytes = fs::file_size(path, ec);
+      if (layout == H5D_CONTIGUOUS && need > 0) {
+        const haddr_t at = H5Dget_offset(d.get());
+        COHORT_CHECK(at != HADDR_UNDEF && !ec && at <= file_bytes && need <= file_bytes - at, DataError, path,
+                     ": dataset '", key, "' claims ", need, " bytes at offset ",
+                     at == HADDR_UNDEF ? std::string("(none)") : std::to_string(at), " of a ", file_bytes,
+                     "-byte file (truncated or corrupt)");
+      } else if (layout == H5D_COMPACT) {
+        COHORT_CHECK(H5Dget_storage_size(d.get()) >= need, DataError, path, ": dataset '", key,
+                     "' holds fewer bytes than its shape needs (corrupt)");
+      } else if (layout != H5D_CHUNKED) {
+        throw DataError(detail::cat(path, ": dataset '", key, "' has an unsupported storage layout (",
+                                    static_cast<int>(layout), ")"));
+      }
+    }
     hsize_t chunk[2] = {0, 0};
-    if (dcpl.ok() && H5Pget_layout(dcpl.get()) == H5D_CHUNKED && H5Pget_chunk(dcpl.get(), 2, chunk) == rank &&
+    if (layout == H5D_CHUNKED && H5Pget_chunk(dcpl.get(), 2, chunk) == rank &&
         (rank == 1 || chunk[1] == dims[k][1]))
       chunk_rows[static_cast<size_t>(k)] = static_cast<int64_t>(chunk[0]);
   }
