@@ -504,6 +504,22 @@ TEST_F(BertShardsBadFile, NotHdf5) {
   EXPECT_HAS(msg, "not a readable HDF5 file (file signature not found)");
 }
 
+// Hardening (found by fuzz/): these two 5 KB files crash libhdf5 1.10.8
+// itself, in H5Lexists (a null from a huge malloc, unchecked) and in
+// H5Dread (a data address flipped to 0). They are one-line errors instead of
+// a SIGSEGV with no message.
+TEST_F(BertShardsBadFile, FilesThatCrashLibhdf5AreErrors) {
+  const std::string corpus = std::string(COHORT_SOURCE_DIR) + "/fuzz/corpus/hdf5_shard/";
+  write_file(bad(), cohort::test::read_file(corpus + "found-libhdf5-null-malloc-in-H5Lexists"));
+  std::string msg = open_error();
+  EXPECT_HAS(msg, bad());
+  EXPECT_HAS(msg, "libhdf5 crashed reading this file (Segmentation fault): it is corrupt");
+  write_file(bad(), cohort::test::read_file(corpus + "found-libhdf5-reads-address-0"));
+  msg = open_error();
+  EXPECT_HAS(msg, bad());
+  EXPECT_HAS(msg, "(corrupt)");
+}
+
 TEST_F(BertShardsBadFile, CorruptChunkFailsOnRead) {
   BertShardWriteOptions w;
   w.chunk_rows = 256;
