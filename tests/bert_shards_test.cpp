@@ -513,7 +513,9 @@ TEST_F(BertShardsBadFile, FilesThatCrashLibhdf5AreErrors) {
   write_file(bad(), cohort::test::read_file(corpus + "found-libhdf5-null-malloc-in-H5Lexists"));
   std::string msg = open_error();
   EXPECT_HAS(msg, bad());
-  EXPECT_HAS(msg, "libhdf5 crashed reading this file (Segmentation fault): it is corrupt");
+  // (Segmentation fault), or exit code 1 where ASan reports it first.
+  EXPECT_HAS(msg, "libhdf5 crashed reading this file (");
+  EXPECT_HAS(msg, "): it is corrupt");
   write_file(bad(), cohort::test::read_file(corpus + "found-libhdf5-reads-address-0"));
   msg = open_error();
   EXPECT_HAS(msg, bad());
