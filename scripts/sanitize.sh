@@ -2,8 +2,8 @@
 # Cohort under the sanitizers and libFuzzer (clang: apt-get install clang).
 #
 #   scripts/sanitize.sh address [REGEX]   the suite (or the tests matching REGEX) under ASan + UBSan
-#   scripts/sanitize.sh thread  [REGEX]   the threaded tests under TSan (default: loader, GradSync,
-#                                          heartbeat/Comm, launcher, balance)
+#   scripts/sanitize.sh thread  [REGEX]   the threaded tests under TSan (default: loader and order,
+#                                          GradSync hooks, Comm heartbeat, launcher, faults, balance)
 #   scripts/sanitize.sh fuzz [SECONDS]    every fuzz target (fuzz/) for SECONDS each (default 600)
 #                                          or 10^6 runs, whichever comes first, two at a time
 #
@@ -36,7 +36,7 @@ case "$kind" in
     cmake --build build-tsan -j2 --target cohort cohort_tests
     export TSAN_OPTIONS="suppressions=$PWD/tests/sanitizers/tsan.supp halt_on_error=1 second_deadlock_stack=1"
     (cd build-tsan && ctest --output-on-failure -j2 --timeout 1800 \
-      -R "${2:-^(Loader|Balance|GradSync|Comm|Platform|Launch|Fault)\.}")
+      -R "${2:-^(Balance|GradSync|Buckets/GradSync|WireDtypes/GradSync|Methods/FormWorld|Comm|Platform|Order|Shapes/Dealing|Launch|Fault|Restart)}")
     ;;
   fuzz)
     seconds=${2:-600}
