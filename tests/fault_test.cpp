@@ -2,7 +2,11 @@
 // fault-and-bad-input trial (issue 18), end to end through the cohort
 // binary. Every test here failed before its fix.
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -38,6 +42,23 @@ bool wait_for_text(const std::string& file, const std::string& text, std::chrono
   return false;
 }
 
+// Waits until something accepts connections on 127.0.0.1:`port`.
+bool wait_for_listen(int port, std::chrono::seconds limit) {
+  auto end = Clock::now() + limit;
+  while (Clock::now() < end) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    close(fd);
+    if (ok) return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return false;
+}
+
 size_t count_of(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
@@ -51,12 +72,15 @@ size_t count_of(const std::string& text, const std::string& what) {
 // wait out the whole dist.timeout.
 TEST(Fault, StopSignalEndsTheRendezvousAtOnce) {
   TempDir tmp;
-  std::string env = "env MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(cohort::test::free_port()) +
-                    " WORLD_SIZE=2 ";
+  const int port = cohort::test::free_port();
+  std::string env = "env MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " WORLD_SIZE=2 ";
   std::string args = tiny_args(tmp, "run") + " --train.max-steps 2 --dist.timeout 300";
   for (auto [rank, sig] : {std::pair{0, SIGINT}, std::pair{1, SIGTERM}}) {
     Background lone(env + "RANK=" + std::to_string(rank) + " " + COHORT_BIN + args, tmp, "r" + std::to_string(rank));
-    std::this_thread::sleep_for(4s);  // past start-up, into the rendezvous
+    // Into the rendezvous: rank 0 hosts the store (its stop handlers are
+    // installed before); rank 1 has nothing to observe but time.
+    if (rank == 0) ASSERT_TRUE(wait_for_listen(port, 60s)) << lone.err();
+    std::this_thread::sleep_for(rank == 0 ? 500ms : 6s);
     auto t0 = Clock::now();
     kill(lone.pid(), sig);
     int code = lone.wait(20s);
@@ -69,10 +93,12 @@ TEST(Fault, StopSignalEndsTheRendezvousAtOnce) {
 // The launcher honours a stop signal while the nodes meet.
 TEST(Fault, StopSignalEndsTheNodeMeetingAtOnce) {
   TempDir tmp;
+  const int port = cohort::test::free_port();
   Background node1(std::string(COHORT_BIN) + tiny_args(tmp, "run") + " --nnodes 2 --node-rank 0 --dist.timeout 300 "
-                       "--init-method tcp://127.0.0.1:" + std::to_string(cohort::test::free_port()),
+                       "--init-method tcp://127.0.0.1:" + std::to_string(port),
                    tmp, "node0");
-  std::this_thread::sleep_for(4s);
+  ASSERT_TRUE(wait_for_listen(port, 60s)) << node1.err();  // node 0's launcher hosts the store, signals blocked
+  std::this_thread::sleep_for(500ms);
   auto t0 = Clock::now();
   kill(node1.pid(), SIGTERM);
   EXPECT_EQ(node1.wait(20s), 128 + SIGTERM) << node1.err();
@@ -90,7 +116,7 @@ TEST(Fault, StrayRankIsRefusedAndTheJobGoesOn) {
   Background job(std::string(COHORT_BIN) + tiny_args(tmp, "run") + " --train.max-steps 1000000 --nproc-per-node 2 "
                      "--init-method tcp://127.0.0.1:" + std::to_string(port),
                  tmp, "job");
-  ASSERT_TRUE(wait_for_text(tmp / "run/metrics.jsonl", "\"step\":3", 60s)) << job.err();
+  ASSERT_TRUE(wait_for_text(tmp / "run/metrics.jsonl", "\"step\":3,", 60s)) << job.err();
   std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " ";
   auto t0 = Clock::now();
   auto taken = run_cohort(tiny_args(tmp, "stray") + " --train.max-steps 2 --dist.timeout 30",
@@ -153,7 +179,7 @@ TEST(Fault, NodesThatRestartedDifferentlyStillMeet) {
                     std::to_string(cohort::test::free_port());
   Background node0(job + " --node-rank 0", tmp, "node0");
   Background node1(job + " --node-rank 1", tmp, "node1");
-  ASSERT_TRUE(wait_for_text(tmp / "run/metrics.jsonl", "\"step\":25", 60s)) << node1.err();
+  ASSERT_TRUE(wait_for_text(tmp / "run/metrics.jsonl", "\"step\":25,", 60s)) << node1.err();
   for (int kill_no = 1; kill_no <= 2; ++kill_no) {
     auto workers = children_of(node1.pid());
     ASSERT_EQ(workers.size(), 1u) << node1.err();
@@ -170,7 +196,7 @@ TEST(Fault, NodesThatRestartedDifferentlyStillMeet) {
   // failure once node 1's was gone.
   EXPECT_TRUE(node0.err().find("another node restarted the job (generation 2)") != std::string::npos ||
               node0.err().find("(restart 2 of 4)") != std::string::npos) << node0.err();
-  EXPECT_NE(read_file(tmp / "run/metrics.jsonl").find("\"step\":400"), std::string::npos);
+  EXPECT_NE(read_file(tmp / "run/metrics.jsonl").find("\"step\":400,"), std::string::npos);
 }
 
 // A multi-node restart without a shared --out cannot succeed: the ranks
@@ -182,7 +208,14 @@ TEST(Fault, RestartWithoutASharedRunDirIsNamedNotRetried) {
                     std::to_string(cohort::test::free_port());
   Background node0(job + " --node-rank 0 --out " + (tmp / "node0-run"), tmp, "node0");
   Background node1(job + " --node-rank 1 --out " + (tmp / "node1-run"), tmp, "node1");
-  ASSERT_TRUE(wait_for_text(tmp / "node0-run/metrics.jsonl", "\"step\":15", 60s)) << node0.err();
+  // A checkpoint must exist for the ranks to disagree. (Waiting for the text
+  // "step":15 was wrong: phase_ms holds a "step" time too, 15 ms under load,
+  // so the kill could come before any checkpoint; both ranks then rightly
+  // started over and trained on.)
+  auto deadline = Clock::now() + 60s;
+  while (!std::filesystem::exists(tmp / "node0-run/checkpoints/latest") && Clock::now() < deadline)
+    std::this_thread::sleep_for(20ms);
+  ASSERT_TRUE(std::filesystem::exists(tmp / "node0-run/checkpoints/latest")) << node0.err();
   auto workers = children_of(node1.pid());
   ASSERT_EQ(workers.size(), 1u);
   kill(workers[0], SIGKILL);

@@ -461,13 +461,18 @@ void inspect_in_a_child(const std::vector<std::string>& files) {
     return;
   }
   uint64_t at = 0, last = files.size();
-  while (read(fds[0], &at, sizeof at) == static_cast<ssize_t>(sizeof at)) last = at;
+  for (;;) {  // a stop signal interrupts read(); the child must not lose its reader
+    ssize_t got = read(fds[0], &at, sizeof at);
+    if (got < 0 && errno == EINTR) continue;
+    if (got != static_cast<ssize_t>(sizeof at)) break;
+    last = at;
+  }
   close(fds[0]);
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   // Killed, or ended by a sanitizer's report (exit code 1) before its last file.
-  bool died = WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0);
+  bool died = (WIFSIGNALED(status) && WTERMSIG(status) != SIGPIPE) || (WIFEXITED(status) && WEXITSTATUS(status) != 0);
   if (died && last < files.size()) {
     throw DataError(detail::cat(files[last], ": libhdf5 crashed reading this file (",
                                 WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) : "exit code 1",

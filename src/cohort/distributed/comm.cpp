@@ -70,17 +70,27 @@ std::string arrival_hint(const RankSpec& spec) {
   return "check RANK and WORLD_SIZE on every process";
 }
 
-// Waits for `key` in slices, so that `interrupted` is honoured at once.
+// Waits for `key` in slices of the store's own bounded wait, so that
+// `interrupted` is honoured at once and a store host that stopped answering
+// cannot hold a rank past the deadline (check() has no reply timeout).
 void wait_for_key(c10d::Store& store, const std::string& key, Clock::time_point deadline, const CommOptions& opts,
                   const RankSpec& spec, const char* stage) {
-  while (!store.check({key})) {
+  for (;;) {
+    try {
+      store.wait({key}, milliseconds(200));
+      return;
+    } catch (const c10::DistStoreError&) {
+    } catch (const c10::Error& e) {
+      if (std::string(e.what()).find("imeout") == std::string::npos &&
+          std::string(e.what()).find("imed out") == std::string::npos)
+        throw;
+    }
     COHORT_CHECK(!(opts.interrupted && opts.interrupted()), DistError, "rank ", spec.rank,
                  ": interrupted while the ranks were meeting at ", spec.init.text, " (", stage, ")");
     if (Clock::now() >= deadline) {
       throw DistError(detail::cat("rank ", spec.rank, ": rendezvous at ", spec.init.text, " did not complete within ",
                                   opts.timeout.count() / 1000.0, " s (", stage, "); ", arrival_hint(spec)));
     }
-    std::this_thread::sleep_for(milliseconds(50));
   }
 }
 
@@ -90,23 +100,30 @@ void wait_for_key(c10d::Store& store, const std::string& key, Clock::time_point 
 // and after 10 s without everyone the wait says who is missing.
 void roll_call(c10d::Store& store, const RankSpec& spec, const CommOptions& opts, Clock::time_point deadline) {
   const std::string where = spec.init.text;
-  if (spec.rank == 0) store.set("world_size", to_bytes(std::to_string(spec.world_size)));
+  // Claim first: a stray must not publish or count anything.
   int64_t claims = store.add(detail::cat("claim/", spec.rank), 1);
   COHORT_CHECK(claims == 1, UsageError, "rank ", spec.rank, ": another process already joined the job at ", where,
                " as rank ", spec.rank, ": a rank started twice, or a process of another job that uses the same "
                "address and secret (give each job its own port, or set --dist.secret)");
-  store.add("arrived", 1);
+  if (spec.rank == 0) store.set("world_size", to_bytes(std::to_string(spec.world_size)));
   wait_for_key(store, "world_size", deadline, opts, spec, "waiting for rank 0");
   int theirs = std::stoi(to_string(store.get("world_size")));
   COHORT_CHECK(theirs == spec.world_size, UsageError, "rank ", spec.rank, ": the job at ", where, " has ", theirs,
                " ranks but this process was told ", spec.world_size, "; ", arrival_hint(spec));
+  // The last to arrive says so; the others wait for that in bounded slices.
+  int64_t arrived = store.add("arrived", 1);
+  COHORT_CHECK(arrived <= spec.world_size, UsageError, "rank ", spec.rank, ": ", arrived,
+               " processes joined the job at ", where, " of ", spec.world_size, " ranks; ", arrival_hint(spec));
+  if (arrived == spec.world_size) store.set("all_arrived", to_bytes("1"));
   const Clock::time_point started = Clock::now();
   bool told = false;
   for (;;) {
-    int64_t arrived = store.add("arrived", 0);
-    if (arrived == spec.world_size) return;
-    COHORT_CHECK(arrived < spec.world_size, UsageError, "rank ", spec.rank, ": ", arrived,
-                 " processes joined the job at ", where, " of ", spec.world_size, " ranks; ", arrival_hint(spec));
+    try {
+      store.wait({"all_arrived"}, milliseconds(200));
+      return;
+    } catch (const c10::Error&) {
+    }
+    arrived = store.add("arrived", 0);
     COHORT_CHECK(!(opts.interrupted && opts.interrupted()), DistError, "rank ", spec.rank,
                  ": interrupted while the ranks were meeting at ", where);
     auto missing = [&] {
@@ -129,7 +146,6 @@ void roll_call(c10d::Store& store, const RankSpec& spec, const CommOptions& opts
                    static_cast<long long>(arrived), spec.world_size, where.c_str(), missing().c_str(),
                    arrival_hint(spec).c_str());
     }
-    std::this_thread::sleep_for(milliseconds(50));
   }
 }
 

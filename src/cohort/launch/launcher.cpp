@@ -262,7 +262,10 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
   auto run_generation = [&](int generation, std::vector<Worker>& workers) -> const Worker* {
     int started = 0;
     for (int local = 0; local < o.nproc_per_node; ++local) {
-      if (pending_stop(watched)) break;  // the loop below forwards it to those started
+      if (int sig = pending_stop(watched)) {  // the loop below stops those started
+        interrupted = sig;
+        break;
+      }
       Worker& w = workers[static_cast<size_t>(local)];
       w.local_rank = local;
       w.rank = plan.first_rank + local;
@@ -306,6 +309,12 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
     Clock::time_point kill_at = Clock::time_point::max();
     Clock::time_point next_poll = Clock::now() + std::chrono::seconds(1);
     int running = started;
+    if (interrupted && running > 0) {
+      std::fprintf(stderr, "cohort: node %d: %s received while starting the workers; stopping the %d started\n",
+                   o.node_rank, strsignal(interrupted), running);
+      signal_all(SIGTERM);
+      kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.stop_grace_s * 1000));
+    }
     while (running > 0) {
       timespec tick{0, 200 * 1000 * 1000};
       siginfo_t info;
@@ -335,7 +344,8 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
             // A rank that fails because another was stopped (SIGSTOP, a
             // debugger) is not the culprit: name the stopped one.
             for (auto& other : workers) {
-              if (other.running && process_state(other.pid) == 'T') stopped_rank = other.rank;
+              char state = other.running ? process_state(other.pid) : 0;
+              if (state == 'T' || state == 't') stopped_rank = other.rank;  // t: stopped by a debugger
             }
             // The others may be blocked in a collective with the dead rank;
             // their state is in the last checkpoint, so stop them at once.
@@ -403,13 +413,14 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
     return WIFEXITED(failed->status) && WEXITSTATUS(failed->status) == 2 ? 2 : 1;
   }
   if (interrupted) {
-    bool clean = true, before_training = true;
+    bool clean = true, before_training = true, any_started = false;
     for (const auto& w : workers) {
+      any_started = any_started || w.pid >= 0;
       if (w.pid < 0) continue;  // the signal came before it was started
       clean = clean && WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0;
       before_training = before_training && WIFEXITED(w.status) && WEXITSTATUS(w.status) == 128 + interrupted;
     }
-    if (!clean && before_training) {
+    if (!any_started || (!clean && before_training)) {
       std::fprintf(stderr, "cohort: node %d: stopped by %s before training began\n", o.node_rank,
                    strsignal(interrupted));
     } else if (clean) {

@@ -25,12 +25,12 @@ RunOptions plan_training(const TrainRequest& request, ConfigBinding& binding, Co
   run.out_dir = request.out_dir;
   run.overwrite = request.overwrite;
   std::string resume_path = request.resume_path;
-  std::optional<ResolvedCheckpoint> named;
   if (!resume_path.empty() && run.out_dir.empty()) {
     // The run dir comes from --resume before a restart looks in it, so a
     // restart without --out continues from the run's newest checkpoint too.
-    named = resolve_checkpoint(resume_path, run.notes);
-    run.out_dir = Checkpoints::run_dir_of(named->dir);
+    // Not verified here: by a restart, the checkpoint named may be pruned.
+    fs::path p(resume_path);
+    run.out_dir = fs::exists(p / "checkpoints") ? p.string() : Checkpoints::run_dir_of(resume_path);
   }
   if (request.generation > 0 && !run.out_dir.empty()) {
     // A restart continues from the run's own newest checkpoint (not an older
@@ -39,10 +39,7 @@ RunOptions plan_training(const TrainRequest& request, ConfigBinding& binding, Co
     if (fs::exists(fs::path(run.out_dir) / "checkpoints" / "latest")) resume_path = run.out_dir;
     else if (resume_path.empty()) run.overwrite = true;
   }
-  if (!resume_path.empty()) {
-    if (named && resume_path == request.resume_path) run.resume = std::move(named);
-    else run.resume = resolve_checkpoint(resume_path, run.notes);
-  }
+  if (!resume_path.empty()) run.resume = resolve_checkpoint(resume_path, run.notes);
   COHORT_CHECK(!run.out_dir.empty(), UsageError, "--out RUN_DIR is required (or --resume RUN_DIR)");
   if (!request.config_path.empty()) binding.apply_file(request.config_path);
   std::string saved_config;
