@@ -457,8 +457,6 @@ void ConfigBinding::apply_file(const std::string& path) {
                    "config ", path, ":", item.line, ": key '", name, "' takes true or false (got '",
                    item.values.empty() ? "" : item.values[0], "')");
     }
-    COHORT_CHECK(item.values.size() == 1 || list, UsageError, "config ", path, ": key '", name,
-                 "' takes one value, got ", item.values.size());
     try {
       opt->add_result(item.values);
       opt->run_callback();

@@ -340,6 +340,8 @@ struct ShardShape {
 
 ShardShape inspect(const std::string& path) {
   H5Id f = open_for_read(path);
+  std::error_code ec;
+  const uint64_t file_bytes = fs::file_size(path, ec);  // where contiguous data may lie
   std::array<std::vector<hsize_t>, kNumKeys> dims;
   std::array<int64_t, kNumKeys> chunk_rows{};
   for (int k = 0; k < kNumKeys; ++k) {
@@ -381,8 +383,6 @@ ShardShape inspect(const std::string& path) {
         COHORT_CHECK(!__builtin_mul_overflow(need, static_cast<uint64_t>(n), &need), DataError, path, ": dataset '",
                      key, "' has an impossible shape ", shape_str(dims[k]));
       }
-      std::error_code ec;
-      const uint64_t file_bytes = fs::file_size(path, ec);
       if (layout == H5D_CONTIGUOUS) {
         const haddr_t at = H5Dget_offset(d.get());
         COHORT_CHECK(need == 0 || (at != HADDR_UNDEF && !ec && at <= file_bytes && need <= file_bytes - at),
