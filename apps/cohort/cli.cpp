@@ -20,12 +20,14 @@
 #include "cohort/core/error.hpp"
 #include "cohort/core/version.hpp"
 #include "cohort/distributed/comm.hpp"
+#include "cohort/distributed/membership.hpp"
 #include "cohort/distributed/rendezvous.hpp"
 #include "cohort/launch/bench.hpp"
 #include "cohort/launch/launcher.hpp"
 #include "cohort/obs/plot.hpp"
 #include "cohort/text/prepare.hpp"
 #include "cohort/text/wordnet.hpp"
+#include "cohort/train/elastic.hpp"
 #include "cohort/train/evaluate.hpp"
 #include "cohort/train/run.hpp"
 #include "cohort/train/runtime.hpp"
@@ -216,7 +218,13 @@ int cli_main(int argc, char** argv) {
       ->capture_default_str()->group(dist_group);
   train->add_flag("--oversubscribe", launch.oversubscribe,
                   "allow more ranks on this node than it has cores (CPU) or GPUs")->group(dist_group);
-  train->add_option("--nnodes", launch.nnodes, "nodes in the job")->capture_default_str()->group(dist_group);
+  train->add_option("--nnodes", launch.nnodes, "nodes in the job (elastic: nodes the first world waits for)")
+      ->capture_default_str()->group(dist_group);
+  train->add_option("--min-nodes", launch.min_nodes,
+                    "elastic: the job goes on while at least N nodes remain, and nodes may join mid-run "
+                    "(0: off, a fixed world)")->capture_default_str()->group(dist_group);
+  train->add_option("--max-nodes", launch.max_nodes, "elastic: at most N nodes; later ones wait (0: no limit)")
+      ->capture_default_str()->group(dist_group);
   train->add_option("--node-rank", launch.node_rank, "this node's index, 0..nnodes-1")
       ->capture_default_str()->group(dist_group);
   train->add_option("--init-method,--distributed-init-method", launch.init_method,
@@ -333,19 +341,16 @@ int cli_main(int argc, char** argv) {
       install_stop_handlers();
       comm_opts.interrupted = [] { return stop_requested(); };
       auto spec = detect_rank_spec(env, launch.init_method);
-      std::unique_ptr<Comm> comm = spec ? Comm::connect(*spec, comm_opts) : Comm::single(cfg.train.device);
-      if (comm->size() > 1) who = "rank " + std::to_string(comm->rank()) + ": ";
-      configure_process(cfg.train, comm->world());
       // Testing aids: COHORT_DEBUG_DELAY=RANK:MS makes one rank's forward
       // passes that much slower (the straggler report);
       // COHORT_DEBUG_SLOWDOWN=RANK:FACTOR makes its compute FACTOR times
       // slower, as a slower device (data.balance, bench/balance_bench.sh).
-      auto for_this_rank = [&](const char* name) -> std::optional<std::string> {
+      auto for_rank = [&](const char* name, int rank) -> std::optional<std::string> {
         auto it = env.find(name);
         if (it == env.end()) return std::nullopt;
         auto colon = it->second.find(':');
         COHORT_CHECK(colon != std::string::npos, UsageError, name, " must be RANK:VALUE (got '", it->second, "')");
-        if (std::stoi(it->second.substr(0, colon)) != comm->rank()) return std::nullopt;
+        if (std::stoi(it->second.substr(0, colon)) != rank) return std::nullopt;
         return it->second.substr(colon + 1);
       };
       auto number = [](const char* name, const std::string& text) {
@@ -355,11 +360,28 @@ int cli_main(int argc, char** argv) {
           throw UsageError(detail::cat(name, ": '", text, "' is not a number"));
         }
       };
-      if (auto v = for_this_rank("COHORT_DEBUG_DELAY")) run.debug_delay_ms = static_cast<int>(number("COHORT_DEBUG_DELAY", *v));
-      if (auto v = for_this_rank("COHORT_DEBUG_SLOWDOWN")) {
-        run.debug_slowdown = number("COHORT_DEBUG_SLOWDOWN", *v);
-        COHORT_CHECK(run.debug_slowdown >= 1, UsageError, "COHORT_DEBUG_SLOWDOWN: the factor must be >= 1 (got ", *v, ")");
+      auto per_world = [&](const World& world, RunOptions& r) {
+        configure_process(cfg.train, world);
+        r.debug_delay_ms = 0;
+        r.debug_slowdown = 1;
+        if (auto v = for_rank("COHORT_DEBUG_DELAY", world.rank)) r.debug_delay_ms = static_cast<int>(number("COHORT_DEBUG_DELAY", *v));
+        if (auto v = for_rank("COHORT_DEBUG_SLOWDOWN", world.rank)) {
+          r.debug_slowdown = number("COHORT_DEBUG_SLOWDOWN", *v);
+          COHORT_CHECK(r.debug_slowdown >= 1, UsageError, "COHORT_DEBUG_SLOWDOWN: the factor must be >= 1 (got ", *v, ")");
+        }
+      };
+      if (env.count("COHORT_ELASTIC") && spec) {
+        // Launched with --min-nodes: ranks come from the membership, world by world.
+        ElasticOptions eo = parse_elastic_env(env["COHORT_ELASTIC"]);
+        eo.node_key = env.count("COHORT_NODE_KEY") ? env["COHORT_NODE_KEY"] : std::to_string(spec->node_rank);
+        who = "node " + std::to_string(spec->node_rank) + " local rank " + std::to_string(spec->local_rank) + ": ";
+        auto membership = Membership::join(*spec, comm_opts, eo);
+        train_elastic(cfg, *membership, run, per_world);
+        return 0;
       }
+      std::unique_ptr<Comm> comm = spec ? Comm::connect(*spec, comm_opts) : Comm::single(cfg.train.device);
+      if (comm->size() > 1) who = "rank " + std::to_string(comm->rank()) + ": ";
+      per_world(comm->world(), run);
       Trainer(cfg, *comm, run).run();
       // Stopped by a signal: a launched worker reports success to its
       // launcher (which exits 128+signal); a lone process says so itself.

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -163,6 +164,8 @@ struct Comm::Impl {
   bool on_stream(const torch::Tensor& t) const { return t.is_cuda() && cuda_pg; }
   c10d::Backend& backend_for(const torch::Tensor& t) { return on_stream(t) ? *cuda_pg : *pg; }
 
+  std::shared_ptr<ElasticLink> link;  // an elastic world's membership; null: a fixed world
+
   std::thread heartbeat;
   int64_t beats = 0;
   std::mutex mu;
@@ -176,6 +179,8 @@ struct Comm::Impl {
     }
     cv.notify_all();
     if (heartbeat.joinable()) heartbeat.join();
+    // An abandoned collective may still run in the group's threads.
+    if (link && pg) link->bury(std::move(pg));
   }
 
   void beat() {
@@ -238,6 +243,7 @@ struct Comm::Impl {
   // collective (every step has one), which names the silent rank; NCCL's
   // own watchdog, set to dist.timeout plus a margin, is the backstop.
   void wait(const char* what, const c10::intrusive_ptr<c10d::Work>& work, bool on_stream = false) {
+    if (link) return wait_elastic(what, work);
     try {
       if (on_stream) {
         work->wait();
@@ -246,6 +252,29 @@ struct Comm::Impl {
       work->wait(opts.timeout);
     } catch (const std::exception& e) {
       throw DistError(diagnose(what, e.what()));
+    }
+  }
+
+  // An elastic world waits in slices: a change another member announced
+  // ends the wait at once, and a failure is announced to the others (whose
+  // collectives may be blocked on this rank, not on the one that left).
+  void wait_elastic(const char* what, const c10::intrusive_ptr<c10d::Work>& work) {
+    const Clock::time_point deadline = Clock::now() + opts.timeout;
+    for (;;) {
+      if (link->changed()) throw MembershipChanged(detail::cat("rank ", spec.rank, ": ", what, " abandoned: ", link->why()));
+      try {
+        work->wait(milliseconds(100));
+        return;
+      } catch (const std::exception& e) {
+        if (work->isCompleted() || Clock::now() >= deadline) {
+          std::string why = work->isCompleted()
+                                ? detail::cat(what, " failed on rank ", spec.rank, ": ", detail::first_line(e.what()))
+                                : detail::cat(what, " timed out on rank ", spec.rank, " after dist.timeout ",
+                                              opts.timeout.count() / 1000.0, " s");
+          link->announce(why);
+          throw MembershipChanged(detail::cat("rank ", spec.rank, ": ", why));
+        }
+      }
     }
   }
 };
@@ -379,6 +408,37 @@ std::unique_ptr<Comm> Comm::connect(const RankSpec& spec, const CommOptions& opt
   return c;
 }
 
+std::unique_ptr<Comm> Comm::form(const World& world, const RankSpec& spec, const CommOptions& opts,
+                                 const c10::intrusive_ptr<c10d::Store>& store, std::shared_ptr<ElasticLink> link) {
+  std::unique_ptr<Comm> c(new Comm());
+  c->world_ = world;
+  c->link_ = link;
+  if (world.world_size == 1) return c;  // a world of one needs no group (and has no peer to lose)
+  auto impl = std::make_unique<Impl>();
+  impl->spec = spec;
+  impl->spec.rank = world.rank;
+  impl->spec.world_size = world.world_size;
+  impl->opts = opts;
+  impl->store = store;
+  impl->link = std::move(link);
+  try {
+    auto go = c10d::ProcessGroupGloo::Options::create(opts.timeout);
+    std::string addr = opts.iface.empty() ? local_address_towards(spec.init.host, spec.init.port) : "";
+    go->devices.push_back(!opts.iface.empty() ? c10d::ProcessGroupGloo::createDeviceForInterface(opts.iface)
+                          : addr.empty()      ? c10d::ProcessGroupGloo::createDefaultDevice()
+                                              : c10d::ProcessGroupGloo::createDeviceForHostname(addr));
+    go->threads = 2;
+    impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, world.rank, world.world_size, go);
+  } catch (const std::exception& e) {
+    std::string why = detail::cat("could not form the process group of ", world.world_size, " ranks: ",
+                                  detail::first_line(e.what()));
+    impl->link->announce(why);
+    throw MembershipChanged(detail::cat("rank ", world.rank, ": ", why));
+  }
+  c->impl_ = std::move(impl);
+  return c;
+}
+
 void Comm::all_reduce_sum(torch::Tensor& t, const char* what) {
   if (!impl_) return;
   std::vector<torch::Tensor> v{t};
@@ -407,6 +467,16 @@ void Comm::broadcast(torch::Tensor& t, int root, const char* what) {
   c10d::BroadcastOptions o;
   o.rootRank = root;
   impl_->wait(what, impl_->backend_for(t).broadcast(v, o), impl_->on_stream(t));
+}
+
+void Comm::broadcast_bytes(std::string& bytes, int root, const char* what) {
+  if (!impl_) return;
+  auto length = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64);
+  broadcast(length, root, what);
+  auto data = torch::empty({length.item<int64_t>()}, torch::kUInt8);
+  if (rank() == root) std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
+  broadcast(data, root, what);
+  bytes.assign(reinterpret_cast<const char*>(data.data_ptr()), static_cast<size_t>(data.numel()));
 }
 
 std::vector<torch::Tensor> Comm::all_gather(const torch::Tensor& t, const char* what) {

@@ -19,10 +19,40 @@
 #include <string>
 #include <vector>
 
+#include "cohort/core/error.hpp"
 #include "cohort/distributed/rendezvous.hpp"
 #include "cohort/distributed/world.hpp"
 
+namespace c10d {
+class Store;
+}
+
 namespace cohort {
+
+// An elastic world's membership changed while a collective ran (a member
+// left, stalled or announced a change): the collective is abandoned and the
+// members form a new world (distributed/membership.hpp).
+class MembershipChanged : public DistError {
+ public:
+  using DistError::DistError;
+};
+
+// What an elastic world's collectives consult: Membership implements it.
+class ElasticLink {
+ public:
+  virtual ~ElasticLink() = default;
+  // Another member announced a change: abandon the collective.
+  virtual bool changed() const = 0;
+  // Why the world is changing, for the error.
+  virtual std::string why() const = 0;
+  // Newcomers wait to join and the world has room for them.
+  virtual bool joiners_waiting() const = 0;
+  // This member saw a collective fail: tell the others.
+  virtual void announce(const std::string& why) = 0;
+  // Takes a process group that may still hold abandoned work: destroying it
+  // would block until that work times out.
+  virtual void bury(c10::intrusive_ptr<c10::intrusive_ptr_target> group) = 0;
+};
 
 struct CommOptions {
   std::chrono::milliseconds timeout{300000};
@@ -48,9 +78,19 @@ class Comm {
   // DistError naming the rendezvous address on failure or timeout, and
   // UsageError for a world-size mismatch or a rank number taken twice.
   static std::unique_ptr<Comm> connect(const RankSpec& spec, const CommOptions& opts);
+  // One generation of an elastic world whose members Membership agreed on:
+  // a Gloo group over `store` (private to the generation). Collectives wait
+  // in slices and throw MembershipChanged when `link` says the world changed
+  // or when they fail (after announcing it). No heartbeat of its own.
+  static std::unique_ptr<Comm> form(const World& world, const RankSpec& spec, const CommOptions& opts,
+                                    const c10::intrusive_ptr<c10d::Store>& store, std::shared_ptr<ElasticLink> link);
   ~Comm();
 
   const World& world() const { return world_; }
+  // An elastic world (Comm::form): its membership can change.
+  bool elastic() const { return link_ != nullptr; }
+  // Elastic: newcomers wait to join (the trainer admits them at a step boundary).
+  bool joiners_waiting() const { return link_ && link_->joiners_waiting(); }
   int rank() const { return world_.rank; }
   int size() const { return world_.world_size; }
 
@@ -62,6 +102,8 @@ class Comm {
   std::vector<double> all_reduce_sum(const std::vector<double>& values, const char* what = "all_reduce");
   // In place. Every rank gets root's tensor.
   void broadcast(torch::Tensor& t, int root = 0, const char* what = "broadcast");
+  // Every rank gets root's bytes (the length travels first).
+  void broadcast_bytes(std::string& bytes, int root = 0, const char* what = "broadcast");
   // Every rank's tensor, in rank order. First dimensions may differ.
   std::vector<torch::Tensor> all_gather(const torch::Tensor& t, const char* what = "all_gather");
   void barrier(const char* what = "barrier");
@@ -78,6 +120,7 @@ class Comm {
   Comm();
   std::vector<torch::Tensor> all_gather_fixed(const torch::Tensor& t, const char* what);
   World world_;
+  std::shared_ptr<ElasticLink> link_;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "cohort/core/error.hpp"
+#include "cohort/distributed/membership.hpp"
 #include "cohort/distributed/rendezvous.hpp"
 #include "cohort/distributed/store.hpp"
 
@@ -124,15 +125,22 @@ class Generation {
 bool wants_launcher(const LaunchOptions& o) {
   // Anything but one plain process goes through launch_node, which also
   // refuses the values that make no sense (0 ranks, negative restarts).
-  return o.nproc_per_node != 1 || o.nnodes != 1 || o.first_rank >= 0 || o.world_size > 0 || o.max_restarts != 0;
+  return o.nproc_per_node != 1 || o.nnodes != 1 || o.first_rank >= 0 || o.world_size > 0 || o.max_restarts != 0 ||
+         o.min_nodes != 0;
 }
 
 int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
   COHORT_CHECK(o.nproc_per_node >= 1, UsageError, "--nproc-per-node must be >= 1 (got ", o.nproc_per_node, ")");
   COHORT_CHECK(o.nnodes >= 1, UsageError, "--nnodes must be >= 1 (got ", o.nnodes, ")");
   COHORT_CHECK(o.max_restarts >= 0, UsageError, "--max-restarts must be >= 0 (got ", o.max_restarts, ")");
-  COHORT_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, UsageError, "--node-rank ", o.node_rank,
-               " is outside --nnodes ", o.nnodes);
+  const bool elastic = o.min_nodes > 0;
+  COHORT_CHECK(o.min_nodes >= 0 && o.min_nodes <= o.nnodes, UsageError, "--min-nodes ", o.min_nodes,
+               " must be between 1 and --nnodes ", o.nnodes, " (0: not elastic)");
+  COHORT_CHECK(o.max_nodes == 0 || (elastic && o.max_nodes >= o.nnodes), UsageError, "--max-nodes ", o.max_nodes,
+               elastic ? detail::cat(" is less than --nnodes ", o.nnodes) : std::string(" needs --min-nodes"));
+  COHORT_CHECK(o.node_rank >= 0 && (o.node_rank < o.nnodes || (elastic && (o.max_nodes == 0 || o.node_rank < o.max_nodes))),
+               UsageError, "--node-rank ", o.node_rank, " is outside --nnodes ", o.nnodes,
+               elastic ? " and --max-nodes" : "");
   COHORT_CHECK(o.oversubscribe || o.max_local_ranks <= 0 || o.nproc_per_node <= o.max_local_ranks, UsageError,
                "--nproc-per-node ", o.nproc_per_node, " is more than the ", o.max_local_ranks, " ", o.local_units,
                " of this node; pass --oversubscribe to start them anyway");
@@ -194,7 +202,15 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
     }
   }
 
-  if (o.first_rank < 0 && o.nnodes > 1) {
+  if (elastic) {
+    COHORT_CHECK(init.kind == InitMethod::Kind::kTcp && o.first_rank < 0, UsageError,
+                 "elastic training (--min-nodes) needs --init-method tcp://HOST:PORT and --node-rank, not ",
+                 o.first_rank >= 0 ? "--distributed-rank" : init.kind == InitMethod::Kind::kNone ? "no init method" : init.text);
+    // Ranks are the workers' to agree on, world by world; these are
+    // provisional (the environment needs some).
+    plan.first_rank = o.node_rank * o.nproc_per_node;
+    plan.world_size = plan.first_rank + o.nproc_per_node;
+  } else if (o.first_rank < 0 && o.nnodes > 1) {
     // Heterogeneous nodes: every launcher publishes its rank count, and each
     // node's range starts after the ranks of the nodes before it.
     try {
@@ -243,8 +259,14 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
     }
   }
   Generation job_generation(store);
-  std::fprintf(stderr, "cohort: node %d: ranks %d..%d of %d, rendezvous %s\n", o.node_rank, plan.first_rank,
-               plan.first_rank + o.nproc_per_node - 1, plan.world_size, plan.init.c_str());
+  if (elastic) {
+    std::fprintf(stderr, "cohort: node %d: %d local rank(s), elastic (--nnodes %d, --min-nodes %d%s), rendezvous %s\n",
+                 o.node_rank, o.nproc_per_node, o.nnodes, o.min_nodes,
+                 o.max_nodes > 0 ? detail::cat(", --max-nodes ", o.max_nodes).c_str() : "", plan.init.c_str());
+  } else {
+    std::fprintf(stderr, "cohort: node %d: ranks %d..%d of %d, rendezvous %s\n", o.node_rank, plan.first_rank,
+                 plan.first_rank + o.nproc_per_node - 1, plan.world_size, plan.init.c_str());
+  }
 
 
   // Everything a child touches between fork and exec is prepared here:
@@ -259,7 +281,9 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
   int interrupted = 0;
   int stopped_rank = -1;  // a worker found stopped when another failed
   int superseded_by = -1;  // a newer generation another node started
+  int incarnation = 0;     // elastic: this node's joins, for its node key
   auto run_generation = [&](int generation, std::vector<Worker>& workers) -> const Worker* {
+    ++incarnation;
     int started = 0;
     for (int local = 0; local < o.nproc_per_node; ++local) {
       if (int sig = pending_stop(watched)) {  // the loop below stops those started
@@ -277,6 +301,14 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
       env["COHORT_NODE_RANK"] = std::to_string(o.node_rank);
       env["COHORT_INIT_METHOD"] = plan.init;
       env["COHORT_GENERATION"] = std::to_string(generation);
+      if (elastic) {
+        ElasticOptions eo;
+        eo.nnodes = o.nnodes;
+        eo.min_nodes = o.min_nodes;
+        eo.max_nodes = o.max_nodes;
+        env["COHORT_ELASTIC"] = elastic_env(eo);
+        env["COHORT_NODE_KEY"] = detail::cat(o.node_rank, "-", launcher_pid, "-", incarnation);
+      }
       std::vector<std::string> env_strings;
       for (auto& [k, v] : env) env_strings.push_back(k + "=" + v);
       std::vector<char*> envp;
@@ -374,6 +406,7 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
 
   const Worker* failed = nullptr;
   std::vector<Worker> workers;
+  int rejoins = 0;  // elastic: times this node joined again after its rank failed
   for (int generation = 0;;) {
     workers.assign(static_cast<size_t>(o.nproc_per_node), Worker{});
     superseded_by = -1;
@@ -391,12 +424,22 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
       continue;
     }
     bool usage_error = failed && WIFEXITED(failed->status) && WEXITSTATUS(failed->status) == 2;
+    bool below_min = failed && WIFEXITED(failed->status) && WEXITSTATUS(failed->status) == 3;
+    if (elastic && failed && !interrupted && !usage_error && !below_min) {
+      // This node left the job; the others go on without it. It joins again
+      // as a newcomer while restarts are left.
+      if (++rejoins > o.max_restarts) break;
+      std::fprintf(stderr, "cohort: node %d: rank %d %s; this node left the job and joins it again (%d of %d)\n",
+                   o.node_rank, failed->rank, describe_status(failed->status).c_str(), rejoins, o.max_restarts);
+      stopped_rank = -1;
+      continue;
+    }
     if (!failed || interrupted || usage_error || generation >= o.max_restarts) break;
     int next = job_generation.advance_past(generation);
     if (next > o.max_restarts) break;
-    std::fprintf(stderr, "cohort: node %d: rank %d %s; restarting all %d local rank(s) from the latest checkpoint "
+    std::fprintf(stderr, "cohort: node %d: rank %d %s%s; restarting all %d local rank(s) from the latest checkpoint "
                  "(restart %d of %d)\n", o.node_rank, failed->rank, describe_status(failed->status).c_str(),
-                 o.nproc_per_node, next, o.max_restarts);
+                 below_min ? " (fewer than --min-nodes remain)" : "", o.nproc_per_node, next, o.max_restarts);
     generation = next;
     stopped_rank = -1;
   }

@@ -35,6 +35,11 @@ struct LaunchOptions {
   int max_local_ranks = 0;    // more than this is refused unless oversubscribe (cores, or GPUs); 0: no limit
   std::string local_units = "cores";  // what max_local_ranks counts, for the message
   bool oversubscribe = false;
+  // Elastic (min_nodes > 0): the workers form their world themselves
+  // (distributed/membership.hpp) and go on while min_nodes remain; a node
+  // whose rank fails leaves the job and, with restarts left, joins again.
+  int min_nodes = 0;
+  int max_nodes = 0;          // 0: no limit
 };
 
 // True when these options ask for a launcher rather than a single process.

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "cohort/core/error.hpp"
+
 namespace cohort {
 
 namespace {
@@ -26,6 +28,12 @@ nlohmann::json to_json(const EvalReport& r) {
   nlohmann::json line = {{"kind", "eval"}, {"step", r.step}, {"split", r.split}, {"count", r.count}};
   for (const auto& [name, value] : r.metrics) line[name] = value;
   return line;
+}
+
+nlohmann::json to_json(const MembershipReport& r) {
+  return {{"kind", "membership"}, {"step", r.step},   {"generation", r.generation}, {"world_size", r.world_size},
+          {"nodes", r.nodes},     {"left", r.left},   {"joined", r.joined},         {"cause", r.cause},
+          {"state", r.state},     {"formed_s", r.formed_s}, {"recovery_s", r.recovery_s}, {"unix_ms", r.unix_ms}};
 }
 
 }  // namespace
@@ -63,6 +71,10 @@ void ReporterFanOut::train(const TrainReport& t) {
 }
 void ReporterFanOut::eval(const EvalReport& e) {
   for (auto& r : to_) r->eval(e);
+}
+
+void ReporterFanOut::membership(const MembershipReport& m) {
+  for (auto& r : to_) r->membership(m);
 }
 
 void ConsoleReporter::print(const std::string& line) {
@@ -116,7 +128,21 @@ void ConsoleReporter::eval(const EvalReport& r) {
   print(buf);
 }
 
+void ConsoleReporter::membership(const MembershipReport& r) {
+  std::string line = "elastic: step " + std::to_string(r.step) + ": a world of " + std::to_string(r.world_size) +
+                     " rank(s) on " + std::to_string(r.nodes) + " node(s) (generation " + std::to_string(r.generation) + ")";
+  if (!r.left.empty()) line += "; left: " + detail::join(r.left, ", ");
+  if (!r.joined.empty()) line += "; joined: " + detail::join(r.joined, ", ");
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "; state from %s; formed in %.1f s, first step %.1f s after the change",
+                r.state.c_str(), r.formed_s, r.recovery_s);
+  line += buf;
+  if (!r.cause.empty()) line += " (" + r.cause + ")";
+  print(line);
+}
+
 void MetricsFileReporter::train(const TrainReport& r) { log_.write(to_json(r)); }
+void MetricsFileReporter::membership(const MembershipReport& r) { log_.write(to_json(r)); }
 void MetricsFileReporter::eval(const EvalReport& r) { log_.write(to_json(r)); }
 
 void TensorBoardReporter::train(const TrainReport& r) {

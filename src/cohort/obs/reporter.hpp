@@ -69,6 +69,21 @@ struct EvalReport {
   double seconds = 0;
 };
 
+// Elastic training: a new world formed (members left or joined). Reported
+// by the new world's rank 0 after its first step.
+struct MembershipReport {
+  int64_t step = 0;      // the step the new world continued from
+  int generation = 0;    // the elastic generation
+  int world_size = 0, nodes = 0;
+  std::vector<std::string> left, joined;  // "rank 2 (node 2, local rank 0)"
+  std::string cause;     // why the previous world ended
+  std::string state;     // "memory" (rank 0's) or "checkpoint" or "start"
+  double formed_s = 0;   // the new world's formation
+  double recovery_s = 0;  // from the change being noticed to the new world's first step
+  int64_t unix_ms = 0;   // wall clock at the first step
+  std::chrono::steady_clock::time_point noticed{};  // when this process noticed the change
+};
+
 class Reporter {
  public:
   virtual ~Reporter() = default;
@@ -77,6 +92,7 @@ class Reporter {
   virtual void progress(const StepProgress& /*p*/) {}
   virtual void train(const TrainReport& /*r*/) {}
   virtual void eval(const EvalReport& /*r*/) {}
+  virtual void membership(const MembershipReport& /*r*/) {}
 };
 
 class ReporterFanOut : public Reporter {
@@ -86,6 +102,7 @@ class ReporterFanOut : public Reporter {
   void progress(const StepProgress& p) override;
   void train(const TrainReport& r) override;
   void eval(const EvalReport& r) override;
+  void membership(const MembershipReport& r) override;
 
  private:
   std::vector<std::shared_ptr<Reporter>> to_;
@@ -101,6 +118,7 @@ class ConsoleReporter : public Reporter {
   void progress(const StepProgress& p) override;
   void train(const TrainReport& r) override;
   void eval(const EvalReport& r) override;
+  void membership(const MembershipReport& r) override;
 
  private:
   void print(const std::string& line);
@@ -110,12 +128,14 @@ class ConsoleReporter : public Reporter {
   double smoothed_loss_ = 0, last_rate_ = 0;
 };
 
-// RUN_DIR/metrics.jsonl: {"kind":"train",...} and {"kind":"eval",...}.
+// RUN_DIR/metrics.jsonl: {"kind":"train",...}, {"kind":"eval",...} and
+// {"kind":"membership",...}.
 class MetricsFileReporter : public Reporter {
  public:
   explicit MetricsFileReporter(const std::string& path) : log_(path) {}
   void train(const TrainReport& r) override;
   void eval(const EvalReport& r) override;
+  void membership(const MembershipReport& r) override;
 
  private:
   MetricsLog log_;

@@ -16,6 +16,8 @@
 
 #include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/config/config.hpp"
+#include "cohort/obs/reporter.hpp"
+#include "cohort/train/train_state.hpp"
 
 namespace cohort {
 
@@ -28,6 +30,11 @@ struct RunOptions {
   std::string config_toml;   // the resolved config, written to RUN_DIR/config.toml
   bool overwrite = false;    // a fresh run may replace the run already in out_dir
   std::optional<ResolvedCheckpoint> resume;  // continue from this checkpoint
+  // Elastic (train/elastic.hpp): this process's state from the previous
+  // world, if it held one; the new world takes rank 0's.
+  std::shared_ptr<const Handover> handover;
+  bool from_peers = false;  // elastic: the run goes on from rank 0's memory, not from a checkpoint
+  std::optional<MembershipReport> membership;  // elastic: the change that formed this world, for the log
   std::vector<std::string> notes;  // told at start (resume warnings, accepted changes)
   bool quiet = false;        // no console lines
   bool live_progress = false;  // console: redraw a progress bar (a terminal)
@@ -37,7 +44,7 @@ struct RunOptions {
   int debug_delay_ms = 0;    // testing aid: sleep this long in every forward
   double debug_slowdown = 1; // testing aid: compute this many times slower (sleeps)
 
-  RunMode mode() const { return resume ? RunMode::kResume : overwrite ? RunMode::kOverwrite : RunMode::kFresh; }
+  RunMode mode() const { return resume || from_peers ? RunMode::kResume : overwrite ? RunMode::kOverwrite : RunMode::kFresh; }
 };
 
 struct RunSummary {

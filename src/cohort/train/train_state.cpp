@@ -8,13 +8,20 @@
 
 namespace cohort {
 
+torch::Tensor cpu_rng_state() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_cpu_rng_state(const torch::Tensor& state) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state.to(torch::kUInt8));
+}
+
 TrainState::Snapshot TrainState::capture(Comm& comm, int64_t train_samples) const {
-  torch::Tensor mine;
-  {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    mine = gen.get_state().to(torch::kInt64);
-  }
+  torch::Tensor mine = cpu_rng_state().to(torch::kInt64);
   auto states = comm.all_gather(mine, "checkpoint RNG gather");
   Snapshot s;
   s.state.step = step;
@@ -38,9 +45,7 @@ void TrainState::restore(const ResolvedCheckpoint& from, const World& world) {
   if (from.state.world_size != world.world_size) return;
   auto it = rng.tensors.find("rank." + std::to_string(world.rank));
   COHORT_CHECK(it != rng.tensors.end(), DataError, from.dir, "/rng.safetensors lacks rank.", world.rank);
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(it->second.to(torch::kUInt8));
+  set_cpu_rng_state(it->second);
 }
 
 }  // namespace cohort

@@ -1,4 +1,4 @@
-// defines: TrainState
+// defines: TrainState, Handover, cpu_rng_state, set_cpu_rng_state
 //
 // What a checkpoint must hold beyond weights and optimizer for a resumed run
 // to go on as if never stopped: the step, the data cursor, the sample count,
@@ -38,5 +38,20 @@ struct TrainState {
   // world size ranks keep their seed-derived streams).
   void restore(const ResolvedCheckpoint& from, const World& world);
 };
+
+// An elastic world's state handed from one world to the next in memory
+// (train/elastic.hpp): what a checkpoint would hold, taken from the live
+// trainer of one process at the last completed step, without collectives.
+struct Handover {
+  CheckpointState state;
+  NamedTensors model;     // parameters and buffers, cloned
+  std::string optimizer;  // the optimizer's libtorch archive
+  torch::Tensor scaler;   // the fp16 loss scaler's state; undefined when off
+  torch::Tensor rng;      // this process's CPU generator at the last step boundary
+};
+
+// The default CPU generator's state, and setting it.
+torch::Tensor cpu_rng_state();
+void set_cpu_rng_state(const torch::Tensor& state);
 
 }  // namespace cohort

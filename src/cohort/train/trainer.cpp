@@ -6,6 +6,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 
@@ -206,10 +207,16 @@ struct Trainer::Parts {
   std::optional<double> best_value;  // ckpt.best-metric's best so far
   std::string last_eval_text;  // "; test:  accuracy 0.8873  loss 0.3089"
   RunSummary summary;
+  torch::Tensor rng_mark;       // this rank's generator at the last step boundary (elastic handover)
+  bool joiners_agreed = false;  // elastic: the last stop check found newcomers waiting
 
   void build_data();
   void init_weights();
   void resume(const ResolvedCheckpoint& from);
+  void adopt_handover();
+  std::shared_ptr<const Handover> handover() const;
+  void admit_joiners() const;
+  void report_membership();
   void open_outputs();
   void begin();
   StepParts step_parts() {
@@ -252,6 +259,7 @@ Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
   schedule = LrSchedule::from(cfg.optim, total_steps);
   interval.tally = task->empty_tally();
   if (run.resume) resume(*run.resume);
+  else if (comm.elastic()) adopt_handover();
   if (!cfg.ckpt.best_metric.empty()) check_best_metric();
   balancer = std::make_unique<Balancer>(cfg.data.balance, cfg.data.global_batch, world.world_size,
                                         cfg.data.balance_weights, state.balance_shares);
@@ -340,6 +348,94 @@ void Trainer::Parts::resume(const ResolvedCheckpoint& from) {
                            from.state.world_size, world.world_size));
 }
 
+// Elastic: the new world goes on from the state rank 0 held in memory (the
+// most advanced survivor's) when it held one. Parameters, optimizer, step,
+// cursor, samples and loss scale come by broadcast; every survivor keeps its
+// own RNG stream, newcomers their seed-derived ones. Collective.
+void Trainer::Parts::adopt_handover() {
+  const Handover* mine = run.handover.get();
+  const bool main_holds = world.is_main() && mine;
+  if (comm.all_reduce_sum(std::vector<double>{main_holds ? 1.0 : 0.0}, "state handover")[0] == 0) return;
+  torch::NoGradGuard no_grad;
+  std::string blob;
+  if (main_holds) {
+    std::map<std::string, torch::Tensor> by_name(mine->model.begin(), mine->model.end());
+    for (auto& [name, t] : module_tensors(*task->module())) {
+      auto it = by_name.find(name);
+      COHORT_CHECK(it != by_name.end() && it->second.sizes() == t.sizes(), Error,
+                   "state handover: the previous world's model lacks ", name);
+      t.copy_(it->second);
+    }
+    torch::serialize::OutputArchive a;
+    const CheckpointState& s = mine->state;
+    a.write("state", torch::tensor({s.step, s.cursor.epoch, s.cursor.consumed, s.samples_seen,
+                                    static_cast<int64_t>(s.world_size)}, torch::kInt64));
+    a.write("shares", torch::tensor(s.balance_shares, torch::kInt64));
+    a.write("optimizer", torch::from_blob(const_cast<char*>(mine->optimizer.data()),
+                                          {static_cast<int64_t>(mine->optimizer.size())}, torch::kUInt8));
+    if (mine->scaler.defined()) a.write("scaler", mine->scaler);
+    std::ostringstream os;
+    a.save_to(os);
+    blob = os.str();
+  }
+  broadcast_module(comm, *task->module());
+  comm.broadcast_bytes(blob, 0, "state handover");
+  torch::serialize::InputArchive a;
+  a.load_from(blob.data(), blob.size());
+  torch::Tensor fields, shares, opt, scaler;
+  a.read("state", fields);
+  a.read("shares", shares);
+  a.read("optimizer", opt);
+  std::istringstream opt_in(std::string(static_cast<const char*>(opt.data_ptr()), static_cast<size_t>(opt.numel())));
+  torch::load(*optimizer, opt_in);
+  if (a.try_read("scaler", scaler)) state.scaler.restore(scaler);
+  auto f = fields.data_ptr<int64_t>();
+  state.step = f[0];
+  state.cursor = {f[1], f[2]};
+  state.samples_seen = f[3];
+  state.balance_shares.assign(shares.data_ptr<int64_t>(), shares.data_ptr<int64_t>() + shares.numel());
+  // A survivor goes on with its own stream, as it stood after that step.
+  if (mine && mine->state.step == state.step && mine->rng.defined()) set_cpu_rng_state(mine->rng);
+  COHORT_CHECK(state.cursor.consumed < order->usable(), Error, "state handover: cursor ", state.cursor.consumed,
+               " is outside the epoch's ", order->usable(), " samples");
+}
+
+std::shared_ptr<const Handover> Trainer::Parts::handover() const {
+  auto h = std::make_shared<Handover>();
+  h->state.step = state.step;
+  h->state.cursor = state.cursor;
+  h->state.samples_seen = state.samples_seen;
+  h->state.world_size = world.world_size;
+  h->state.train_samples = task->train_set().size();
+  h->state.balance_shares = state.balance_shares;
+  torch::NoGradGuard no_grad;
+  for (auto& [name, t] : module_tensors(*task->module())) h->model.emplace_back(name, t.detach().clone());
+  std::ostringstream os;
+  torch::save(*optimizer, os);
+  h->optimizer = os.str();
+  if (state.scaler.enabled()) h->scaler = state.scaler.state().clone();
+  h->rng = rng_mark.defined() ? rng_mark.clone() : cpu_rng_state();
+  return h;
+}
+
+// Elastic: newcomers that the last stop check found waiting are admitted
+// now, at the step boundary: this world ends and the next one includes them.
+void Trainer::Parts::admit_joiners() const {
+  if (!joiners_agreed || state.step >= total_steps) return;
+  throw MembershipChanged(strf("step %lld: node(s) asked to join", static_cast<long long>(state.step)));
+}
+
+// Elastic: the change that formed this world, after its first step.
+void Trainer::Parts::report_membership() {
+  if (!run.membership) return;
+  MembershipReport r = *run.membership;
+  run.membership.reset();
+  r.recovery_s = seconds_since(r.noticed);
+  r.unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                  std::chrono::system_clock::now().time_since_epoch()).count();
+  reporter->membership(r);
+}
+
 // Only now, with config, model and data accepted on every rank, is the run
 // dir touched.
 void Trainer::Parts::open_outputs() {
@@ -385,6 +481,7 @@ void Trainer::Parts::begin() {
   }
   start = interval.start = Clock::now();
   start_step = state.step;
+  rng_mark = cpu_rng_state();
 }
 
 StepBatch Trainer::Parts::next_batch() {
@@ -403,6 +500,8 @@ void Trainer::Parts::finish_step(const StepBatch& batch, const StepResult& resul
   state.samples_seen += batch.global_samples;
   ++state.step;
   state.cursor = batch.next;
+  rng_mark = cpu_rng_state();
+  report_membership();
   if (sample_log.is_open()) {
     sample_log << nlohmann::json({{"step", state.step}, {"epoch", batch.cursor.epoch}, {"ids", batch.indices}}).dump()
                << '\n' << std::flush;
@@ -508,8 +607,13 @@ bool Trainer::Parts::eval_due(const StepBatch& batch) const {
 }
 
 // Ranks agree on stopping: a signal may reach them at different steps.
+// Elastic: newcomers waiting to join are agreed on here too.
 bool Trainer::Parts::stop_agreed() {
-  bool stop = comm.all_reduce_sum(std::vector<double>{stop_requested() ? 1.0 : 0.0}, "stop check")[0] > 0;
+  std::vector<double> flags = {stop_requested() ? 1.0 : 0.0};
+  if (comm.elastic()) flags.push_back(comm.joiners_waiting() ? 1.0 : 0.0);
+  flags = comm.all_reduce_sum(flags, "stop check");
+  bool stop = flags[0] > 0;
+  joiners_agreed = comm.elastic() && flags[1] > 0;
   if (stop) {
     reporter->message(strf("cohort: stopped by a signal at step %lld; continue with --resume %s",
                            static_cast<long long>(state.step), run.out_dir.c_str()));
@@ -558,8 +662,11 @@ RunSummary Trainer::run() {
     bool stop = p.stop_agreed();
     if (p.due(p.cfg.ckpt.every_steps) || last || stop) p.save_checkpoint();
     if (stop) break;
+    p.admit_joiners();
   }
   return p.end();
 }
+
+std::shared_ptr<const Handover> Trainer::handover() const { return p_->handover(); }
 
 }  // namespace cohort

@@ -5,6 +5,7 @@
 
 #include "cohort/config/config.hpp"
 #include "cohort/train/run.hpp"
+#include "cohort/train/train_state.hpp"
 
 namespace cohort {
 
@@ -27,6 +28,10 @@ class Trainer {
   Trainer(Config cfg, Comm& comm, RunOptions run);
   ~Trainer();
   RunSummary run();
+  // This process's state at the last completed step, in memory, without
+  // collectives: what an elastic world hands to the next one after run()
+  // threw MembershipChanged.
+  std::shared_ptr<const Handover> handover() const;
 
  private:
   struct Parts;
