@@ -3,6 +3,8 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -33,6 +35,19 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// printf into a std::string.
+inline std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+inline std::string format(const char* fmt, ...) {
+  va_list args, again;
+  va_start(args, fmt);
+  va_copy(again, args);
+  std::string out(static_cast<size_t>(std::max(0, std::vsnprintf(nullptr, 0, fmt, args))), '\0');
+  std::vsnprintf(out.data(), out.size() + 1, fmt, again);
+  va_end(again);
+  va_end(args);
+  return out;
+}
 
 // The message of what `fn` throws, or "(no error)".
 inline std::string error_of(const std::function<void()>& fn) {
@@ -250,5 +265,43 @@ inline std::vector<pid_t> children_of(pid_t parent) {
 }
 
 inline bool alive(pid_t pid) { return kill(pid, 0) == 0; }
+
+
+// N "hosts" on one machine: a network namespace each, joined by a bridge
+// in a namespace of their own, host i at 10.SUBNET.0.(i+1). Needs root and
+// iproute2; ok() says whether it could be set up. Removed on destruction.
+class NetnsHosts {
+ public:
+  NetnsHosts(int n, int subnet) : tag_(std::to_string(getpid() % 100000)), subnet_(subnet) {
+    if (geteuid() != 0 || std::system("ip -V >/dev/null 2>&1") != 0) return;
+    std::string sw = "cohortS" + tag_;
+    std::string cmd = "ip netns add " + sw + " && ip -n " + sw + " link add br0 type bridge && ip -n " + sw +
+                      " link set br0 up";
+    for (int i = 0; i < n; ++i) {
+      std::string h = host(i), a = "ch" + tag_ + "i" + std::to_string(i), b = "cs" + tag_ + "i" + std::to_string(i);
+      names_.push_back(h);
+      cmd += " && ip netns add " + h + " && ip link add " + a + " type veth peer name " + b + " && ip link set " + a +
+             " netns " + h + " && ip link set " + b + " netns " + sw + " && ip -n " + sw + " link set " + b +
+             " master br0 && ip -n " + sw + " link set " + b + " up && ip -n " + h + " addr add " + address(i) +
+             "/24 dev " + a + " && ip -n " + h + " link set " + a + " up && ip -n " + h + " link set lo up";
+    }
+    names_.push_back(sw);
+    ok_ = std::system((cmd + " 2>/dev/null").c_str()) == 0;
+  }
+  ~NetnsHosts() {
+    for (const auto& n : names_) std::system(("ip netns del " + n + " 2>/dev/null").c_str());
+  }
+  bool ok() const { return ok_; }
+  std::string host(int i) const { return "cohortH" + tag_ + "n" + std::to_string(i); }
+  std::string address(int i) const { return "10." + std::to_string(subnet_) + ".0." + std::to_string(i + 1); }
+  // `cmd` run inside host i.
+  std::string on(int i, const std::string& cmd) const { return "ip netns exec " + host(i) + " " + cmd; }
+
+ private:
+  std::string tag_;
+  int subnet_;
+  std::vector<std::string> names_;
+  bool ok_ = false;
+};
 
 }  // namespace cohort::test

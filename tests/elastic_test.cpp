@@ -1,0 +1,247 @@
+// Elastic membership (--min-nodes): hosts that leave and join mid-run.
+// The multi-host tests run each launcher in a network namespace of its own
+// (SKIPPED without root); the others use loopback.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "cohort/ckpt/safetensors.hpp"
+#include "helpers.hpp"
+
+using cohort::test::Background;
+using cohort::test::NetnsHosts;
+using cohort::test::read_file;
+using cohort::test::run_cohort;
+using cohort::test::TempDir;
+using namespace std::chrono_literals;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool wait_for(const std::function<bool()>& done, std::chrono::seconds limit) {
+  auto end = Clock::now() + limit;
+  while (Clock::now() < end) {
+    if (done()) return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return false;
+}
+
+std::vector<nlohmann::json> lines_of_kind(const std::string& metrics, const std::string& kind) {
+  std::vector<nlohmann::json> out;
+  for (const auto& line : cohort::test::lines_of(read_file(metrics))) {
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded() && j.value("kind", "") == kind) out.push_back(j);
+  }
+  return out;
+}
+
+bool reached_step(const std::string& metrics, int64_t step) {
+  for (const auto& j : lines_of_kind(metrics, "train")) {
+    if (j["step"].get<int64_t>() >= step) return true;
+  }
+  return false;
+}
+
+// Every sample of every epoch exactly once over every sample-ids file.
+void expect_every_sample_once(const std::string& run, int64_t samples, int64_t epochs) {
+  std::map<int64_t, std::vector<int64_t>> per_epoch;
+  for (const auto& e : std::filesystem::directory_iterator(run + "/sample-ids")) {
+    for (const auto& line : cohort::test::lines_of(read_file(e.path().string()))) {
+      auto j = nlohmann::json::parse(line);
+      for (int64_t id : j["ids"]) per_epoch[j["epoch"].get<int64_t>()].push_back(id);
+    }
+  }
+  ASSERT_EQ(static_cast<int64_t>(per_epoch.size()), epochs);
+  for (auto& [epoch, ids] : per_epoch) {
+    std::sort(ids.begin(), ids.end());
+    std::vector<int64_t> all(static_cast<size_t>(samples));
+    std::iota(all.begin(), all.end(), 0);
+    EXPECT_EQ(ids, all) << "epoch " << epoch << ": " << ids.size() << " ids";
+  }
+}
+
+// The model of a run's newest checkpoint.
+std::map<std::string, torch::Tensor> final_model(const std::string& run) {
+  std::string latest = read_file(run + "/checkpoints/latest");
+  latest.erase(latest.find_last_not_of("\n ") + 1);
+  auto file = cohort::load_safetensors(run + "/checkpoints/" + latest + "/model.safetensors");
+  return {file.tensors.begin(), file.tensors.end()};
+}
+
+// A tiny MLP run long enough to lose a host in: 240 samples, 20 steps an
+// epoch; rank 0 of every world is slowed so that the run lasts seconds.
+std::string elastic_args(const TempDir& tmp, const std::string& master, int port, int epochs) {
+  return cohort::test::format(
+      " train --model.name mlp --model.dropout 0 --data.global-batch 12 --train.epochs %d --log.every-steps 1 "
+      "--log.sample-ids --dist.timeout 30 --init-method tcp://%s:%d --nnodes 3 --min-nodes 2 --quiet "
+      "--data.path %s --out %s",
+      epochs, master.c_str(), port, tmp.path().c_str(), (tmp / "run").c_str());
+}
+
+std::string launcher(const NetnsHosts& net, int host, const std::string& args) {
+  return net.on(host, std::string("env COHORT_DEBUG_DELAY=0:60 ") + COHORT_BIN + args + " --node-rank " +
+                          std::to_string(host));
+}
+
+}  // namespace
+
+// Three hosts train; host 2's launcher is killed mid-epoch. The other two
+// notice, form a world of two from memory and finish: every sample of every
+// epoch is trained on exactly once, and the final weights are those of a run
+// checkpointed at the last step before the death and resumed on two ranks.
+TEST(Elastic, HostKilledMidEpochTheOthersFinishFromMemory) {
+  NetnsHosts net(3, 232);
+  if (!net.ok()) GTEST_SKIP() << "SKIPPED: network namespaces need root and iproute2";
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 240);
+  const std::string args = elastic_args(tmp, net.address(0), 29641, 4);
+  Background h0(launcher(net, 0, args), tmp, "h0"), h1(launcher(net, 1, args), tmp, "h1"),
+      h2(launcher(net, 2, args), tmp, "h2");
+  const std::string metrics = tmp / "run/metrics.jsonl";
+  ASSERT_TRUE(wait_for([&] { return reached_step(metrics, 10); }, 90s)) << h0.err() << h2.err();
+  kill(h2.pid(), SIGKILL);
+  h2.wait(10s);
+  ASSERT_EQ(h0.wait(120s), 0) << h0.err();
+  ASSERT_EQ(h1.wait(30s), 0) << h1.err();
+
+  auto changes = lines_of_kind(metrics, "membership");
+  ASSERT_EQ(changes.size(), 1u) << read_file(metrics);
+  const auto& c = changes[0];
+  EXPECT_EQ(c["world_size"], 2);
+  EXPECT_EQ(c["nodes"], 2);
+  EXPECT_EQ(c["state"], "memory");
+  ASSERT_EQ(c["left"].size(), 1u);
+  EXPECT_NE(c["left"][0].get<std::string>().find("node 2"), std::string::npos) << c.dump();
+  EXPECT_LT(c["recovery_s"].get<double>(), 30.0 + 5.0) << c.dump();
+  const int64_t resumed = c["step"];
+  EXPECT_GE(resumed, 10);
+  EXPECT_LT(resumed, 80);
+
+  // Every step once in the log, every sample once per epoch.
+  std::set<int64_t> steps;
+  for (const auto& j : lines_of_kind(metrics, "train")) EXPECT_TRUE(steps.insert(j["step"].get<int64_t>()).second);
+  EXPECT_EQ(steps.size(), 80u);
+  expect_every_sample_once(tmp / "run", 240, 4);
+
+  // The same run checkpointed at `resumed` on three ranks and resumed on two.
+  const std::string fixed = cohort::test::format(
+      " train --model.name mlp --model.dropout 0 --data.global-batch 12 --train.epochs 4 --ckpt.every-steps 1 "
+      "--ckpt.keep 100 --quiet --data.path %s --oversubscribe",
+      tmp.path().c_str());
+  auto three = run_cohort(fixed + " --nproc-per-node 3 --out " + (tmp / "ref3"));
+  ASSERT_EQ(three.code, 0) << three.err;
+  auto two = run_cohort(" train --quiet --oversubscribe --nproc-per-node 2 --resume " +
+                        (tmp / "ref3/checkpoints/") + "step-" + std::to_string(resumed) + " --out " + (tmp / "ref2"));
+  ASSERT_EQ(two.code, 0) << two.err;
+  auto elastic = final_model(tmp / "run"), reference = final_model(tmp / "ref2");
+  ASSERT_EQ(elastic.size(), reference.size());
+  for (const auto& [name, t] : reference) {
+    ASSERT_TRUE(elastic.count(name)) << name;
+    EXPECT_LT((elastic[name] - t).abs().max().item<double>(), 1e-5) << name;
+  }
+}
+
+// A host lost mid-run joins again: the world shrinks to two and grows back
+// to three, and no sample is lost or repeated.
+TEST(Elastic, HostJoinsMidRunAndTheWorldGrowsBack) {
+  NetnsHosts net(3, 233);
+  if (!net.ok()) GTEST_SKIP() << "SKIPPED: network namespaces need root and iproute2";
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 240);
+  const std::string args = elastic_args(tmp, net.address(0), 29642, 8);
+  Background h0(launcher(net, 0, args), tmp, "h0"), h1(launcher(net, 1, args), tmp, "h1");
+  auto h2 = std::make_unique<Background>(launcher(net, 2, args), tmp, "h2");
+  const std::string metrics = tmp / "run/metrics.jsonl";
+  ASSERT_TRUE(wait_for([&] { return reached_step(metrics, 10); }, 90s)) << h0.err();
+  kill(h2->pid(), SIGKILL);
+  h2->wait(10s);
+  ASSERT_TRUE(wait_for([&] { return !lines_of_kind(metrics, "membership").empty(); }, 60s)) << h0.err();
+  Background again(launcher(net, 2, args), tmp, "h2-again");
+  ASSERT_EQ(h0.wait(180s), 0) << h0.err();
+  ASSERT_EQ(h1.wait(30s), 0) << h1.err();
+  ASSERT_EQ(again.wait(30s), 0) << again.err();
+
+  auto changes = lines_of_kind(metrics, "membership");
+  ASSERT_EQ(changes.size(), 2u) << read_file(metrics);
+  EXPECT_EQ(changes[0]["world_size"], 2);
+  EXPECT_EQ(changes[1]["world_size"], 3);
+  EXPECT_EQ(changes[1]["state"], "memory");
+  ASSERT_EQ(changes[1]["joined"].size(), 1u);
+  EXPECT_NE(changes[1]["joined"][0].get<std::string>().find("node 2"), std::string::npos) << changes[1].dump();
+  EXPECT_GT(changes[1]["step"].get<int64_t>(), changes[0]["step"].get<int64_t>());
+  EXPECT_EQ(lines_of_kind(metrics, "train").size(), 160u);
+  expect_every_sample_once(tmp / "run", 240, 8);
+}
+
+// A rank that stops (SIGSTOP) without dying is noticed through its
+// heartbeat: the others abandon the collective it holds up and go on.
+TEST(Elastic, StalledRankIsLeftBehind) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 240);
+  int port = cohort::test::free_port();
+  const std::string args = elastic_args(tmp, "127.0.0.1", port, 4) + " --oversubscribe";
+  auto start = [&](int node) {
+    return std::make_unique<Background>(std::string("env COHORT_DEBUG_DELAY=0:60 ") + COHORT_BIN + args +
+                                            " --node-rank " + std::to_string(node), tmp, "n" + std::to_string(node));
+  };
+  auto n0 = start(0), n1 = start(1), n2 = start(2);
+  const std::string metrics = tmp / "run/metrics.jsonl";
+  ASSERT_TRUE(wait_for([&] { return reached_step(metrics, 10); }, 90s)) << n0->err();
+  // Node 2's worker: the launcher's only child.
+  std::string children = read_file("/proc/" + std::to_string(n2->pid()) + "/task/" + std::to_string(n2->pid()) +
+                                   "/children");
+  ASSERT_FALSE(children.empty());
+  pid_t worker = std::stoi(children);
+  kill(worker, SIGSTOP);
+  ASSERT_EQ(n0->wait(120s), 0) << n0->err();
+  ASSERT_EQ(n1->wait(30s), 0) << n1->err();
+  kill(worker, SIGKILL);
+  auto changes = lines_of_kind(metrics, "membership");
+  ASSERT_EQ(changes.size(), 1u) << read_file(metrics);
+  EXPECT_EQ(changes[0]["world_size"], 2);
+  EXPECT_NE(changes[0]["cause"].get<std::string>().find("stopped beating"), std::string::npos) << changes[0].dump();
+  expect_every_sample_once(tmp / "run", 240, 4);
+}
+
+// Fewer than --min-nodes left: the survivor waits dist.timeout for a node to
+// join, then its launcher falls back to a restart from the checkpoint (none
+// left here: --max-restarts 0) and says why.
+TEST(Elastic, FewerThanMinNodesFallsBackToTheLauncher) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 240);
+  int port = cohort::test::free_port();
+  const std::string args = cohort::test::format(
+      " train --model.name mlp --data.global-batch 12 --train.epochs 8 --log.every-steps 1 --dist.timeout 4 "
+      "--init-method tcp://127.0.0.1:%d --nnodes 2 --min-nodes 2 --quiet --data.path %s --out %s",
+      port, tmp.path().c_str(), (tmp / "run").c_str());
+  Background n0(std::string("env COHORT_DEBUG_DELAY=0:60 ") + COHORT_BIN + args + " --node-rank 0", tmp, "n0");
+  Background n1(std::string("env COHORT_DEBUG_DELAY=0:60 ") + COHORT_BIN + args + " --node-rank 1", tmp, "n1");
+  ASSERT_TRUE(wait_for([&] { return reached_step(tmp / "run/metrics.jsonl", 5); }, 90s)) << n0.err();
+  kill(n1.pid(), SIGKILL);
+  auto t0 = Clock::now();
+  EXPECT_EQ(n0.wait(60s), 1) << n0.err();
+  EXPECT_LT(Clock::now() - t0, 30s);
+  EXPECT_NE(n0.err().find("fewer than --min-nodes 2"), std::string::npos) << n0.err();
+}
+
+TEST(Elastic, BadOptionsAreUsageErrors) {
+  auto more = run_cohort("train --out /tmp/unused --nnodes 2 --min-nodes 3 --init-method tcp://127.0.0.1:1");
+  EXPECT_EQ(more.code, 2);
+  EXPECT_NE(more.err.find("--min-nodes 3 must be between 1 and --nnodes 2"), std::string::npos) << more.err;
+  auto file = run_cohort("train --out /tmp/unused --nnodes 2 --min-nodes 1 --init-method file:///tmp/cohort-elastic");
+  EXPECT_EQ(file.code, 2);
+  EXPECT_NE(file.err.find("needs --init-method tcp://"), std::string::npos) << file.err;
+  auto max = run_cohort("train --out /tmp/unused --nnodes 2 --max-nodes 3 --init-method tcp://127.0.0.1:1");
+  EXPECT_EQ(max.code, 2);
+  EXPECT_NE(max.err.find("--max-nodes 3 needs --min-nodes"), std::string::npos) << max.err;
+  auto rank = run_cohort("train --out /tmp/unused --nnodes 2 --min-nodes 1 --max-nodes 3 --node-rank 3 "
+                         "--init-method tcp://127.0.0.1:1");
+  EXPECT_EQ(rank.code, 2);
+  EXPECT_NE(rank.err.find("--node-rank 3 is outside"), std::string::npos) << rank.err;
+}
