@@ -204,8 +204,7 @@ void Membership::beat() {
 // In a world: a newer generation announced elsewhere, a member whose
 // heartbeat stood still for five beats, and newcomers waiting to join.
 void Membership::watch_peers(c10d::Store& store) {
-  static thread_local std::map<std::string, std::pair<std::string, Clock::time_point>> seen;
-  static thread_local int seen_generation = -1;
+  auto& seen = peer_beats_;
   std::vector<Member> world;
   int g;
   {
@@ -214,9 +213,9 @@ void Membership::watch_peers(c10d::Store& store) {
     world = world_;
     g = generation_;
   }
-  if (seen_generation != g) {
+  if (peer_beats_generation_ != g) {
     seen.clear();
-    seen_generation = g;
+    peer_beats_generation_ = g;
   }
   int now_gen = announced(store);
   if (now_gen > g) {
@@ -250,6 +249,13 @@ void Membership::watch_peers(c10d::Store& store) {
     std::set<std::string> nodes;
     for (const auto& m : world) nodes.insert(m.node_key);
     if (eo_.max_nodes <= 0 || static_cast<int>(nodes.size()) < eo_.max_nodes) joiners_waiting_ = true;
+  }
+}
+
+void Membership::finish() {
+  try {
+    store_->set("done", bytes_of("1"));
+  } catch (const std::exception&) {
   }
 }
 
@@ -289,6 +295,18 @@ std::vector<Member> Membership::decide(const std::vector<Member>& regs, const st
 }
 
 std::unique_ptr<Comm> Membership::next_world(int64_t step) {
+  try {
+    return form_next(step);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw DistError(detail::cat("node ", spec_.node_rank, " local rank ", spec_.local_rank, ": lost the rendezvous "
+                                "store at ", spec_.init.text, " while the world was forming (node 0's launcher "
+                                "hosts it: the job ended or node 0 is gone): ", detail::first_line(e.what())));
+  }
+}
+
+std::unique_ptr<Comm> Membership::form_next(int64_t step) {
   const Clock::time_point started = Clock::now();
   std::vector<Member> prev;
   int prev_gen;
@@ -313,17 +331,12 @@ std::unique_ptr<Comm> Membership::next_world(int64_t step) {
   if (me.prev_rank < 0) me.step = -1;  // only a member's state can be handed on
 
   int g;
-  try {
-    if (prev_gen >= 0) {
-      announce_on(*store_, prev_gen, cause.empty() ? "nodes asked to join" : cause);
-      g = prev_gen + 1;
-    } else {
-      g = announced(*store_);
-      if (store_->check({gen_key(g, "members")})) ++g;  // it runs already: join the next one
-    }
-  } catch (const std::exception& e) {
-    throw DistError(detail::cat("node ", spec_.node_rank, ": the rendezvous store at ", spec_.init.text,
-                                " is unreachable (node 0's launcher hosts it): ", detail::first_line(e.what())));
+  if (prev_gen >= 0) {
+    announce_on(*store_, prev_gen, cause.empty() ? "nodes asked to join" : cause);
+    g = prev_gen + 1;
+  } else {
+    g = announced(*store_);
+    if (store_->check({gen_key(g, "members")})) ++g;  // it runs already: join the next one
   }
 
   std::vector<Member> decided;
@@ -347,6 +360,7 @@ std::unique_ptr<Comm> Membership::next_world(int64_t step) {
         mine = has(decided, id_);
         break;
       }
+      if (store_->check({"done"})) return nullptr;
       auto regs = registrants(g);
       auto complete = complete_nodes(regs);
       // A node half in (its other ranks still on their way) gets two seconds.
@@ -379,6 +393,9 @@ std::unique_ptr<Comm> Membership::next_world(int64_t step) {
           } else if (now - it->second.second < opts_.heartbeat * 3) {
             all_gone = false;
           }
+          // One that beats but never asks (stuck elsewhere) is waited for
+          // at most dist.timeout.
+          if (!all_gone && now - opened > opts_.timeout) all_gone = true;
         }
         if (all_gone && all_silent_since == Clock::time_point::max()) all_silent_since = now;
         if (all_gone && settled) {

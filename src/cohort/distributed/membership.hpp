@@ -37,6 +37,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -104,9 +105,13 @@ class Membership : public ElasticLink, public std::enable_shared_from_this<Membe
   ~Membership() override;
 
   // Blocks until a generation that includes this process forms, and returns
-  // its communicator. `step` is the step of the state this process holds
-  // (-1: none). Throws BelowMinNodes, or DistError when interrupted.
+  // its communicator; null when the job finished meanwhile (finish()).
+  // `step` is the step of the state this process holds (-1: none). Throws
+  // BelowMinNodes; DistError when interrupted or the store is gone;
+  // MembershipChanged when a member is lost while the group forms.
   std::unique_ptr<Comm> next_world(int64_t step);
+  // The job is done: newcomers still waiting go home.
+  void finish();
   const WorldChange& last_change() const { return change_; }
 
   // Newcomers wait to join and the world has room for them (watched by the
@@ -120,6 +125,7 @@ class Membership : public ElasticLink, public std::enable_shared_from_this<Membe
 
  private:
   Membership() = default;
+  std::unique_ptr<Comm> form_next(int64_t step);
   void beat();
   void watch_peers(c10d::Store& store);
   void announce_on(c10d::Store& store, int generation, const std::string& why);
@@ -142,6 +148,10 @@ class Membership : public ElasticLink, public std::enable_shared_from_this<Membe
   std::string why_;
   std::atomic<bool> changed_{false};
   std::atomic<bool> joiners_waiting_{false};
+
+  // The heartbeat thread's view of the others' beats in this generation.
+  std::map<std::string, std::pair<std::string, std::chrono::steady_clock::time_point>> peer_beats_;
+  int peer_beats_generation_ = -1;
 
   std::thread heartbeat_;
   std::condition_variable cv_;

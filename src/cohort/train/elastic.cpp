@@ -26,11 +26,23 @@ RunSummary train_elastic(const Config& cfg, Membership& membership, const RunOpt
   std::shared_ptr<const Handover> held;  // this process's state from the world that ended
   auto noticed = std::chrono::steady_clock::now();
   std::string cause;
-  for (bool first = true;; first = false) {
-    std::unique_ptr<Comm> comm = membership.next_world(held ? held->state.step : -1);
+  bool started = false;  // a trainer ran in this process
+  for (;;) {
+    std::unique_ptr<Comm> comm;
+    try {
+      comm = membership.next_world(held ? held->state.step : -1);
+    } catch (const MembershipChanged& e) {  // a member was lost while the group formed
+      cause = e.what();
+      noticed = std::chrono::steady_clock::now();
+      continue;
+    }
+    if (!comm) {
+      std::fprintf(stderr, "cohort: the job finished before this process could join it\n");
+      return {};
+    }
     const WorldChange& change = membership.last_change();
     RunOptions r = run;
-    if (!first || change.generation > 0) {
+    if (started || change.generation > 0) {
       MembershipReport m;
       m.generation = change.generation;
       m.world_size = comm->size();
@@ -57,23 +69,25 @@ RunSummary train_elastic(const Config& cfg, Membership& membership, const RunOpt
                           r.resume->dir);
         m.state = "checkpoint";
         m.step = r.resume->state.step;
-      } else if (!first) {
-        r.resume.reset();
-        r.overwrite = true;
-        r.notes.push_back("elastic: no member of the previous world survived with its state and the run has no "
-                          "checkpoint; starting over");
-        m.state = "start";
       } else {
-        m.state = run.resume ? "checkpoint" : "start";  // a newcomer to a job whose state was lost: as planned
-        m.step = run.resume ? run.resume->state.step : 0;
+        // Nothing survived and nothing was saved: the start as planned,
+        // over what the earlier worlds wrote.
+        r.notes.push_back("elastic: no member of the previous world survived with its state and the run has no "
+                          "checkpoint; starting as planned");
+        r.overwrite = !r.resume;
+        m.state = r.resume ? "checkpoint" : "start";
+        m.step = r.resume ? r.resume->state.step : 0;
       }
       r.membership = m;
     }
     per_world(comm->world(), r);
     try {
       Trainer trainer(cfg, *comm, r);
+      started = true;
       try {
-        return trainer.run();
+        RunSummary done = trainer.run();
+        membership.finish();
+        return done;
       } catch (const MembershipChanged& e) {
         held = trainer.handover();
         cause = e.what();
