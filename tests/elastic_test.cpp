@@ -245,3 +245,89 @@ TEST(Elastic, BadOptionsAreUsageErrors) {
   EXPECT_EQ(rank.code, 2);
   EXPECT_NE(rank.err.find("--node-rank 3 is outside"), std::string::npos) << rank.err;
 }
+
+// Two nodes of two ranks each: node 1 is lost, and node 0's two ranks go on
+// as a world of two (a node counts only with all of its ranks).
+TEST(Elastic, MultiRankNodeIsLostAsAWhole) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 240);
+  int port = cohort::test::free_port();
+  const std::string args = cohort::test::format(
+      " train --model.name mlp --model.dropout 0 --data.global-batch 12 --train.epochs 4 --log.every-steps 1 "
+      "--log.sample-ids --dist.timeout 30 --init-method tcp://127.0.0.1:%d --nnodes 2 --min-nodes 1 --quiet "
+      "--nproc-per-node 2 --oversubscribe --data.path %s --out %s",
+      port, tmp.path().c_str(), (tmp / "run").c_str());
+  Background n0(std::string("env COHORT_DEBUG_DELAY=0:60 ") + COHORT_BIN + args + " --node-rank 0", tmp, "n0");
+  Background n1(std::string("env COHORT_DEBUG_DELAY=0:60 ") + COHORT_BIN + args + " --node-rank 1", tmp, "n1");
+  const std::string metrics = tmp / "run/metrics.jsonl";
+  ASSERT_TRUE(wait_for([&] { return reached_step(metrics, 10); }, 90s)) << n0.err();
+  kill(n1.pid(), SIGKILL);
+  ASSERT_EQ(n0.wait(120s), 0) << n0.err();
+  auto changes = lines_of_kind(metrics, "membership");
+  ASSERT_EQ(changes.size(), 1u) << read_file(metrics);
+  EXPECT_EQ(changes[0]["world_size"], 2);
+  EXPECT_EQ(changes[0]["nodes"], 1);
+  EXPECT_EQ(changes[0]["left"].size(), 2u);
+  expect_every_sample_once(tmp / "run", 240, 4);
+}
+
+// Newcomers the job cannot take are kept out, and the job goes on
+// undisturbed: one with another shared config is refused (exit 2); one past
+// --max-nodes waits, and goes home when the job finishes.
+TEST(Elastic, NewcomersTheJobCannotTakeAreKeptOut) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 240);
+  int port = cohort::test::free_port();
+  const std::string args = cohort::test::format(
+      " train --model.name mlp --data.global-batch 12 --train.epochs 6 --log.every-steps 1 --dist.timeout 30 "
+      "--init-method tcp://127.0.0.1:%d --nnodes 2 --min-nodes 1 --max-nodes 2 --quiet --data.path %s --out %s",
+      port, tmp.path().c_str(), (tmp / "run").c_str());
+  auto node = [&](int rank, const std::string& extra, const std::string& name) {
+    return std::make_unique<Background>(std::string("env COHORT_DEBUG_DELAY=0:60 ") + COHORT_BIN + args + extra +
+                                            " --node-rank " + std::to_string(rank), tmp, name);
+  };
+  auto n0 = node(0, "", "n0"), n1 = node(1, "", "n1");
+  const std::string metrics = tmp / "run/metrics.jsonl";
+  ASSERT_TRUE(wait_for([&] { return reached_step(metrics, 5); }, 90s)) << n0->err();
+  auto other_config = run_cohort(args + " --optim.lr 0.5 --node-rank 1");
+  EXPECT_EQ(other_config.code, 2) << other_config.err;
+  EXPECT_NE(other_config.err.find("another shared config"), std::string::npos) << other_config.err;
+  auto extra = node(1, "", "extra");
+  ASSERT_EQ(n0->wait(120s), 0) << n0->err();
+  ASSERT_EQ(n1->wait(30s), 0) << n1->err();
+  EXPECT_EQ(extra->wait(30s), 0) << extra->err();
+  EXPECT_NE(extra->err().find("the job finished before this process could join it"), std::string::npos)
+      << extra->err();
+  EXPECT_TRUE(lines_of_kind(metrics, "membership").empty()) << read_file(metrics);
+  EXPECT_EQ(lines_of_kind(metrics, "train").size(), 120u);
+}
+
+// Node 0's own rank is lost: its launcher keeps hosting the store, the other
+// two nodes go on (a new rank 0 writes the log), and node 0's launcher exits
+// 1 when they are done.
+TEST(Elastic, NodeZerosRankIsLostAndItsStoreStays) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 240);
+  int port = cohort::test::free_port();
+  const std::string args = elastic_args(tmp, "127.0.0.1", port, 4) + " --oversubscribe";
+  auto start = [&](int node) {
+    return std::make_unique<Background>(std::string("env COHORT_DEBUG_DELAY=0:60 ") + COHORT_BIN + args +
+                                            " --node-rank " + std::to_string(node), tmp, "n" + std::to_string(node));
+  };
+  auto n0 = start(0), n1 = start(1), n2 = start(2);
+  const std::string metrics = tmp / "run/metrics.jsonl";
+  ASSERT_TRUE(wait_for([&] { return reached_step(metrics, 10); }, 90s)) << n0->err();
+  std::string children = read_file("/proc/" + std::to_string(n0->pid()) + "/task/" + std::to_string(n0->pid()) +
+                                   "/children");
+  ASSERT_FALSE(children.empty());
+  kill(std::stoi(children), SIGKILL);
+  ASSERT_EQ(n1->wait(120s), 0) << n1->err();
+  ASSERT_EQ(n2->wait(30s), 0) << n2->err();
+  EXPECT_EQ(n0->wait(30s), 1) << n0->err();
+  EXPECT_NE(n0->err().find("hosting the rendezvous store until the others finish"), std::string::npos) << n0->err();
+  auto changes = lines_of_kind(metrics, "membership");
+  ASSERT_EQ(changes.size(), 1u) << read_file(metrics);
+  EXPECT_EQ(changes[0]["world_size"], 2);
+  EXPECT_EQ(lines_of_kind(metrics, "train").size(), 80u);
+  expect_every_sample_once(tmp / "run", 240, 4);
+}

@@ -18,6 +18,7 @@
 #include "cohort/ckpt/export.hpp"
 #include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/core/sha256.hpp"
 #include "cohort/core/version.hpp"
 #include "cohort/distributed/comm.hpp"
 #include "cohort/distributed/membership.hpp"
@@ -374,6 +375,7 @@ int cli_main(int argc, char** argv) {
         // Launched with --min-nodes: ranks come from the membership, world by world.
         ElasticOptions eo = parse_elastic_env(env["COHORT_ELASTIC"]);
         eo.node_key = env.count("COHORT_NODE_KEY") ? env["COHORT_NODE_KEY"] : std::to_string(spec->node_rank);
+        eo.config = sha256_hex(shared_config(run.config_toml)).substr(0, 16);
         who = "node " + std::to_string(spec->node_rank) + " local rank " + std::to_string(spec->local_rank) + ": ";
         auto membership = Membership::join(*spec, comm_opts, eo);
         train_elastic(cfg, *membership, run, per_world);

@@ -261,8 +261,7 @@ struct Comm::Impl {
   void wait_elastic(const char* what, const c10::intrusive_ptr<c10d::Work>& work) {
     const Clock::time_point deadline = Clock::now() + opts.timeout;
     for (;;) {
-      if (link->changed()) throw MembershipChanged(detail::cat("rank ", spec.rank, ": ", what, " abandoned: ", link->why()));
-      try {
+      try {  // done work first: a rank must not drop a step its peers completed
         work->wait(milliseconds(100));
         return;
       } catch (const std::exception& e) {
@@ -275,6 +274,7 @@ struct Comm::Impl {
           throw MembershipChanged(detail::cat("rank ", spec.rank, ": ", why));
         }
       }
+      if (link->changed()) throw MembershipChanged(detail::cat("rank ", spec.rank, ": ", what, " abandoned: ", link->why()));
     }
   }
 };
@@ -422,13 +422,16 @@ std::unique_ptr<Comm> Comm::form(const World& world, const RankSpec& spec, const
   impl->store = store;
   impl->link = std::move(link);
   try {
-    auto go = c10d::ProcessGroupGloo::Options::create(opts.timeout);
+    // Connecting is bounded more tightly than collectives: a member that
+    // died after the decision must not hold the others for dist.timeout.
+    auto go = c10d::ProcessGroupGloo::Options::create(std::min(opts.timeout, milliseconds(15000)));
     std::string addr = opts.iface.empty() ? local_address_towards(spec.init.host, spec.init.port) : "";
     go->devices.push_back(!opts.iface.empty() ? c10d::ProcessGroupGloo::createDeviceForInterface(opts.iface)
                           : addr.empty()      ? c10d::ProcessGroupGloo::createDefaultDevice()
                                               : c10d::ProcessGroupGloo::createDeviceForHostname(addr));
     go->threads = 2;
     impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, world.rank, world.world_size, go);
+    impl->pg->setTimeout(opts.timeout);
   } catch (const std::exception& e) {
     std::string why = detail::cat("could not form the process group of ", world.world_size, " ranks: ",
                                   detail::first_line(e.what()));

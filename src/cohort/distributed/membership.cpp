@@ -83,13 +83,15 @@ ElasticOptions parse_elastic_env(const std::string& text) {
 }
 
 std::string Member::encode() const {
-  return detail::cat(id, " ", node, " ", local_rank, " ", local_world_size, " ", node_key, " ", step, " ", prev_rank);
+  return detail::cat(id, " ", node, " ", local_rank, " ", local_world_size, " ", node_key, " ", step, " ", prev_rank,
+                     " ", config.empty() ? "-" : config);
 }
 
 Member Member::decode(const std::string& text) {
   Member m;
   std::istringstream in(text);
-  in >> m.id >> m.node >> m.local_rank >> m.local_world_size >> m.node_key >> m.step >> m.prev_rank;
+  in >> m.id >> m.node >> m.local_rank >> m.local_world_size >> m.node_key >> m.step >> m.prev_rank >> m.config;
+  if (m.config == "-") m.config.clear();
   COHORT_CHECK(!in.fail(), DistError, "elastic: unreadable member record '", text, "' in the store");
   return m;
 }
@@ -130,6 +132,8 @@ std::shared_ptr<Membership> Membership::join(const RankSpec& spec, const CommOpt
   COHORT_CHECK(theirs == proof, DistError, "refused by the job at ", spec.init.text,
                ": its secret differs from ours. Set the same --dist.secret or COHORT_SECRET on every node.");
   std::string prefix = detail::cat("cohort/", sha256_hex(opts.secret).substr(0, 16), "/", opts.generation, "/elastic");
+  m->base_ = base;
+  m->hb_base_ = hb_base;
   m->store_ = c10::make_intrusive<c10d::PrefixStore>(prefix, base);
   m->hb_store_ = c10::make_intrusive<c10d::PrefixStore>(prefix, hb_base);
   Membership* raw = m.get();
@@ -171,10 +175,14 @@ void Membership::announce_on(c10d::Store& store, int g, const std::string& why) 
   changed_ = true;
   if (g < 0) return;
   try {
+    // gen moves from whatever it is (never backwards) to g + 1.
     std::string want = std::to_string(g + 1);
-    auto got = store.compareSet("gen", g == 0 ? std::vector<uint8_t>{} : bytes_of(std::to_string(g)), bytes_of(want));
+    for (int now = announced(store), tries = 0; now <= g && tries < 100; now = announced(store), ++tries) {
+      store.compareSet("gen", now == 0 && !store.check({"gen"}) ? std::vector<uint8_t>{} : bytes_of(std::to_string(now)),
+                       bytes_of(want));
+    }
     std::string why_key = detail::cat("why/", g + 1);
-    if (text_of(got) == want && !store.check({why_key})) store.set(why_key, bytes_of(why));
+    if (!store.check({why_key})) store.set(why_key, bytes_of(why));
   } catch (const std::exception&) {
     // The store's host is gone: next_world reports it.
   }
@@ -192,6 +200,7 @@ void Membership::beat() {
     lock.unlock();
     try {
       hb_store_->set("hb/" + id_, bytes_of(std::to_string(++beats)));
+      hb_base_->add("launch/beat", 1);  // node 0's launcher: someone still works
       watch_peers(*hb_store_);
     } catch (const std::exception&) {
       // The store's host is gone; the next collective or formation says so.
@@ -204,6 +213,7 @@ void Membership::beat() {
 // In a world: a newer generation announced elsewhere, a member whose
 // heartbeat stood still for five beats, and newcomers waiting to join.
 void Membership::watch_peers(c10d::Store& store) {
+  std::lock_guard<std::mutex> beats_lock(beats_mu_);
   auto& seen = peer_beats_;
   std::vector<Member> world;
   int g;
@@ -245,26 +255,41 @@ void Membership::watch_peers(c10d::Store& store) {
       return;
     }
   }
-  if (!joiners_waiting_ && store.add(gen_key(g + 1, "count"), 0) > 0) {
-    std::set<std::string> nodes;
-    for (const auto& m : world) nodes.insert(m.node_key);
-    if (eo_.max_nodes <= 0 || static_cast<int>(nodes.size()) < eo_.max_nodes) joiners_waiting_ = true;
+  // Newcomers: admitted when a whole node of them waits, beats and runs the
+  // job's config, and the world has room. (A half-arrived node, a stopped
+  // newcomer or another config would end the world for nothing.)
+  std::set<std::string> nodes;
+  for (const auto& m : world) nodes.insert(m.node_key);
+  if (joiners_waiting_ || store.add(gen_key(g + 1, "count"), 0) == 0 ||
+      (eo_.max_nodes > 0 && static_cast<int>(nodes.size()) >= eo_.max_nodes)) {
+    return;
   }
+  std::vector<Member> ready;
+  for (auto& m : registrants(store, g + 1)) {
+    std::string key = "hb/" + m.id;
+    std::string value = store.check({key}) ? text_of(store.get(key)) : "";
+    auto it = seen.find(m.id);
+    if (it == seen.end() || it->second.first != value) seen[m.id] = {value, now};
+    bool alive = seen[m.id].second + opts_.heartbeat * 3 > now && !store.check({"gone/" + m.id});
+    if (alive && m.config == eo_.config && !nodes.count(m.node_key)) ready.push_back(std::move(m));
+  }
+  if (!complete_nodes(ready).empty()) joiners_waiting_ = true;
 }
 
 void Membership::finish() {
   try {
     store_->set("done", bytes_of("1"));
+    base_->set("launch/done", bytes_of("1"));  // the launchers: stop ranks left behind
   } catch (const std::exception&) {
   }
 }
 
-std::vector<Member> Membership::registrants(int g) {
+std::vector<Member> Membership::registrants(c10d::Store& store, int g) {
   std::vector<Member> out;
-  int64_t count = store_->add(gen_key(g, "count"), 0);
+  int64_t count = store.add(gen_key(g, "count"), 0);
   for (int64_t i = 0; i < count; ++i) {
     std::string key = detail::cat(gen_key(g, "slot/"), i);
-    if (store_->check({key})) out.push_back(Member::decode(text_of(store_->get(key))));
+    if (store.check({key})) out.push_back(Member::decode(text_of(store.get(key))));
   }
   return out;
 }
@@ -279,6 +304,14 @@ std::vector<Member> Membership::decide(const std::vector<Member>& regs, const st
   std::sort(holders.begin(), holders.end(), [](const Member& a, const Member& b) {
     return a.step != b.step ? a.step > b.step : a.prev_rank < b.prev_rank;
   });
+  // Newcomers run the job's config: the survivors' (the first world's
+  // differences are the trainer's start-up check to name).
+  if (!holders.empty() || !prev.empty()) {
+    const std::string& job = (holders.empty() ? prev : holders)[0].config;
+    newcomers.erase(std::remove_if(newcomers.begin(), newcomers.end(),
+                                   [&](const Member& m) { return m.config != job; }),
+                    newcomers.end());
+  }
   std::sort(newcomers.begin(), newcomers.end(), [](const Member& a, const Member& b) {
     return std::tie(a.node, a.node_key, a.local_rank, a.id) < std::tie(b.node, b.node_key, b.local_rank, b.id);
   });
@@ -298,6 +331,10 @@ std::unique_ptr<Comm> Membership::next_world(int64_t step) {
   try {
     return form_next(step);
   } catch (const Error&) {
+    try {  // a registration left behind must not be admitted
+      store_->set("gone/" + id_, bytes_of("1"));
+    } catch (const std::exception&) {
+    }
     throw;
   } catch (const std::exception& e) {
     throw DistError(detail::cat("node ", spec_.node_rank, " local rank ", spec_.local_rank, ": lost the rendezvous "
@@ -325,6 +362,7 @@ std::unique_ptr<Comm> Membership::form_next(int64_t step) {
   me.local_world_size = spec_.local_world_size;
   me.node_key = eo_.node_key;
   me.step = step;
+  me.config = eo_.config;
   for (size_t r = 0; r < prev.size(); ++r) {
     if (prev[r].id == id_) me.prev_rank = static_cast<int>(r);
   }
@@ -345,12 +383,35 @@ std::unique_ptr<Comm> Membership::form_next(int64_t step) {
     if (prev_gen != g - 1 && g > 0 && store_->check({gen_key(g - 1, "members")})) {
       before = decode_all(text_of(store_->get(gen_key(g - 1, "members"))));
     }
+    COHORT_CHECK(before.empty() || before[0].config == me.config || me.prev_rank >= 0, UsageError, "node ",
+                 spec_.node_rank, ": the running job at ", spec_.init.text, " has another shared config than this "
+                 "node's; start it with the job's config (README: Scopes)");
     int64_t slot = store_->add(gen_key(g, "count"), 1) - 1;
     store_->set(detail::cat(gen_key(g, "slot/"), slot), bytes_of(me.encode()));
     const Clock::time_point opened = Clock::now();
     Clock::time_point all_silent_since = Clock::time_point::max();
     Clock::time_point last_note = opened;
-    std::map<std::string, std::pair<std::string, Clock::time_point>> beats;  // missing members' heartbeats
+    // Heartbeats: each value and when it last moved, as the heartbeat
+    // thread saw them (the previous world's members, and newcomers waiting
+    // for this generation), then as we watch. Silent: still for three beats,
+    // or said it left (gone/ID, a newcomer that was stopped).
+    std::map<std::string, std::pair<std::string, Clock::time_point>> beats;
+    {
+      std::lock_guard<std::mutex> lock(beats_mu_);
+      if (peer_beats_generation_ == g - 1) beats = peer_beats_;
+    }
+    auto silent = [&](const std::string& id, Clock::time_point now) {
+      if (id == id_) return false;
+      if (store_->check({"gone/" + id})) return true;
+      std::string key = "hb/" + id;
+      std::string value = store_->check({key}) ? text_of(store_->get(key)) : "";
+      auto it = beats.find(id);
+      if (it == beats.end() || it->second.first != value) {
+        beats[id] = {value, now};
+        return false;
+      }
+      return now - it->second.second >= opts_.heartbeat * 3;
+    };
     bool mine = false;
     for (;;) {
       COHORT_CHECK(!(opts_.interrupted && opts_.interrupted()), DistError, "node ", spec_.node_rank,
@@ -361,14 +422,17 @@ std::unique_ptr<Comm> Membership::form_next(int64_t step) {
         break;
       }
       if (store_->check({"done"})) return nullptr;
-      auto regs = registrants(g);
+      const auto now = Clock::now();
+      std::vector<Member> regs;
+      for (auto& m : registrants(*store_, g)) {
+        if (!silent(m.id, now)) regs.push_back(std::move(m));
+      }
       auto complete = complete_nodes(regs);
       // A node half in (its other ranks still on their way) gets two seconds.
       std::set<std::string> arriving;
       for (const auto& m : regs) arriving.insert(m.node_key);
-      bool settled = complete.size() == arriving.size() || Clock::now() - opened > std::chrono::seconds(2);
+      bool settled = complete.size() == arriving.size() || now - opened > std::chrono::seconds(2);
       bool close = false;
-      const auto now = Clock::now();
       if (before.empty()) {
         // The first world: --nnodes nodes, or after dist.timeout at least --min-nodes.
         if (static_cast<int>(complete.size()) >= eo_.nnodes && settled) close = true;
@@ -380,23 +444,15 @@ std::unique_ptr<Comm> Membership::form_next(int64_t step) {
           close = true;
         }
       } else {
-        // The ones that have not asked: gone when their heartbeat stands still.
+        // The previous world's members that have not asked: gone when silent.
         bool all_gone = true;
         for (const auto& m : before) {
-          if (has(regs, m.id)) continue;
-          std::string key = "hb/" + m.id;
-          std::string value = store_->check({key}) ? text_of(store_->get(key)) : "";
-          auto it = beats.find(m.id);
-          if (it == beats.end() || it->second.first != value) {
-            beats[m.id] = {value, now};
-            all_gone = false;
-          } else if (now - it->second.second < opts_.heartbeat * 3) {
-            all_gone = false;
-          }
-          // One that beats but never asks (stuck elsewhere) is waited for
-          // at most dist.timeout.
-          if (!all_gone && now - opened > opts_.timeout) all_gone = true;
+          if (!has(regs, m.id) && !silent(m.id, now)) all_gone = false;
         }
+        // A member that beats but never asks (stuck elsewhere) is waited for
+        // at most dist.timeout, and only by members: a newcomer never closes
+        // a world whose members still beat (it waits to be admitted).
+        if (!all_gone && me.prev_rank >= 0 && now - opened > opts_.timeout) all_gone = true;
         if (all_gone && all_silent_since == Clock::time_point::max()) all_silent_since = now;
         if (all_gone && settled) {
           if (static_cast<int>(complete.size()) >= eo_.min_nodes) {
@@ -422,6 +478,9 @@ std::unique_ptr<Comm> Membership::form_next(int64_t step) {
       std::this_thread::sleep_for(milliseconds(50));
     }
     if (mine) break;
+    COHORT_CHECK(decided.empty() || decided[0].config == me.config, UsageError, "node ", spec_.node_rank,
+                 ": the running job at ", spec_.init.text, " has another shared config than this node's; start it "
+                 "with the job's config (README: Scopes)");
     // Left out (late, or judged silent): ask for the next generation as a newcomer.
     me.prev_rank = -1;
     me.step = -1;
@@ -461,13 +520,13 @@ std::unique_ptr<Comm> Membership::form_next(int64_t step) {
   world.device = resolve_device(opts_.device, world.local_rank);
   {
     std::lock_guard<std::mutex> lock(mu_);
+    changed_ = false;
+    joiners_waiting_ = false;
     world_ = decided;
     generation_ = g;
     in_world_ = true;
     why_.clear();
   }
-  changed_ = false;
-  joiners_waiting_ = false;
   change_ = change;
   auto group = c10::make_intrusive<c10d::PrefixStore>(gen_key(g, "gloo"), store_);
   auto comm = Comm::form(world, spec_, opts_, group, shared_from_this());

@@ -54,6 +54,7 @@ struct ElasticOptions {
   int min_nodes = 1;  // fewer: BelowMinNodes (the launcher restarts the job from its checkpoint)
   int max_nodes = 0;  // more are kept waiting; 0: no limit
   std::string node_key;  // this node's launcher incarnation: ranks of one node key leave and join together
+  std::string config;    // a hash of the shared config: newcomers with another are not admitted
 };
 
 // The launcher hands ElasticOptions to its workers as COHORT_ELASTIC=
@@ -70,6 +71,7 @@ struct Member {
   std::string node_key;
   int64_t step = -1;  // the step of the state it holds; -1: none (a newcomer)
   int prev_rank = -1;  // its rank in the previous generation; -1: not in it
+  std::string config;  // ElasticOptions::config
 
   std::string encode() const;
   static Member decode(const std::string& text);
@@ -129,13 +131,14 @@ class Membership : public ElasticLink, public std::enable_shared_from_this<Membe
   void beat();
   void watch_peers(c10d::Store& store);
   void announce_on(c10d::Store& store, int generation, const std::string& why);
-  std::vector<Member> registrants(int generation);
+  static std::vector<Member> registrants(c10d::Store& store, int generation);
   std::vector<Member> decide(const std::vector<Member>& regs, const std::vector<Member>& prev) const;
 
   RankSpec spec_;
   CommOptions opts_;
   ElasticOptions eo_;
   std::string id_;
+  c10::intrusive_ptr<c10d::Store> base_, hb_base_;  // the two clients, without the job's prefix
   c10::intrusive_ptr<c10d::Store> store_;     // the main thread's client
   c10::intrusive_ptr<c10d::Store> hb_store_;  // the heartbeat thread's own client
   WorldChange change_;
@@ -150,6 +153,7 @@ class Membership : public ElasticLink, public std::enable_shared_from_this<Membe
   std::atomic<bool> joiners_waiting_{false};
 
   // The heartbeat thread's view of the others' beats in this generation.
+  std::mutex beats_mu_;
   std::map<std::string, std::pair<std::string, std::chrono::steady_clock::time_point>> peer_beats_;
   int peer_beats_generation_ = -1;
 

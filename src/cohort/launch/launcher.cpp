@@ -120,6 +120,34 @@ class Generation {
   c10::intrusive_ptr<c10d::Store> store_;
 };
 
+// Elastic: whether the job's ranks said they finished.
+bool job_finished(c10d::Store* store) {
+  try {
+    return store && store->check({"launch/done"});
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// Elastic, node 0: hosts the store while the other nodes' ranks work (their
+// heartbeats move a counter), until they finish or a stop signal.
+void keep_hosting(c10d::Store& store, const sigset_t& watched, int node_rank) {
+  int64_t last = -1;
+  Clock::time_point moved = Clock::now();
+  for (;;) {
+    if (pending_stop(watched) || job_finished(&store)) return;
+    int64_t beats = store.add("launch/beat", 0);
+    if (beats != last) {
+      last = beats;
+      moved = Clock::now();
+    } else if (Clock::now() - moved > std::chrono::seconds(10)) {
+      std::fprintf(stderr, "cohort: node %d: no rank of the job has beaten for 10 s; closing the store\n", node_rank);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
 }  // namespace
 
 bool wants_launcher(const LaunchOptions& o) {
@@ -282,6 +310,7 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
   int stopped_rank = -1;  // a worker found stopped when another failed
   int superseded_by = -1;  // a newer generation another node started
   int incarnation = 0;     // elastic: this node's joins, for its node key
+  Clock::time_point done_seen = Clock::time_point::max();  // elastic: when the job was seen finished
   auto run_generation = [&](int generation, std::vector<Worker>& workers) -> const Worker* {
     ++incarnation;
     int started = 0;
@@ -393,6 +422,16 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
         // Another node restarted the job: its ranks wait in the newer
         // generation, so these leave the old one at once.
         next_poll = Clock::now() + std::chrono::seconds(1);
+        if (elastic && job_finished(store.get())) {
+          // Ranks the finished job left behind (stopped, or never admitted)
+          // get 10 s to notice, then go.
+          if (done_seen == Clock::time_point::max()) done_seen = Clock::now();
+          if (Clock::now() - done_seen > std::chrono::seconds(10)) {
+            std::fprintf(stderr, "cohort: node %d: the job finished without %d rank(s) of this node; stopping them\n",
+                         o.node_rank, running);
+            signal_all(SIGKILL);
+          }
+        }
         int newest = job_generation.current();
         if (newest > generation) {
           superseded_by = newest;
@@ -442,6 +481,15 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
                  below_min ? " (fewer than --min-nodes remain)" : "", o.nproc_per_node, next, o.max_restarts);
     generation = next;
     stopped_rank = -1;
+  }
+  // Elastic: exit 2 or 3 ends the job everywhere; any other failure is this node's alone.
+  const bool job_wide = failed && WIFEXITED(failed->status) &&
+                        (WEXITSTATUS(failed->status) == 2 || WEXITSTATUS(failed->status) == 3);
+  if (failed && !job_wide && !interrupted && elastic && node_zero && store) {
+    // The others may go on without this node, but they need its store.
+    std::fprintf(stderr, "cohort: node %d: this node's rank(s) left the job; hosting the rendezvous store until "
+                 "the others finish\n", o.node_rank);
+    keep_hosting(*store, watched, o.node_rank);
   }
   if (failed) {
     if (stopped_rank >= 0) {

@@ -26,6 +26,9 @@ RunSummary train_elastic(const Config& cfg, Membership& membership, const RunOpt
   std::shared_ptr<const Handover> held;  // this process's state from the world that ended
   auto noticed = std::chrono::steady_clock::now();
   std::string cause;
+  COHORT_CHECK(cfg.data.balance != Balance::kWeights, ConfigError,
+               "data.balance = weights gives one weight per rank, but an elastic world's ranks change; use auto "
+               "(measured speeds) or equal with --min-nodes");
   bool started = false;  // a trainer ran in this process
   for (;;) {
     std::unique_ptr<Comm> comm;
@@ -53,8 +56,8 @@ RunSummary train_elastic(const Config& cfg, Membership& membership, const RunOpt
       m.formed_s = change.seconds;
       m.noticed = noticed;
       r.notes.clear();
-      r.handover = held;
       if (change.state_survived) {
+        r.handover = held;
         // Rank 0's memory: no checkpoint is read.
         r.resume.reset();
         r.overwrite = false;

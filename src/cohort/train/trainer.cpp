@@ -351,9 +351,10 @@ void Trainer::Parts::resume(const ResolvedCheckpoint& from) {
 // Elastic: the new world goes on from the state rank 0 held in memory (the
 // most advanced survivor's) when it held one. Parameters, optimizer, step,
 // cursor, samples and loss scale come by broadcast; every survivor keeps its
-// own RNG stream, newcomers their seed-derived ones. Collective.
+// own RNG stream, newcomers their seed-derived ones; data.balance = auto
+// measures the new world afresh. Collective.
 void Trainer::Parts::adopt_handover() {
-  const Handover* mine = run.handover.get();
+  const Handover* mine = run.from_peers ? run.handover.get() : nullptr;
   const bool main_holds = world.is_main() && mine;
   if (comm.all_reduce_sum(std::vector<double>{main_holds ? 1.0 : 0.0}, "state handover")[0] == 0) return;
   torch::NoGradGuard no_grad;
@@ -370,7 +371,6 @@ void Trainer::Parts::adopt_handover() {
     const CheckpointState& s = mine->state;
     a.write("state", torch::tensor({s.step, s.cursor.epoch, s.cursor.consumed, s.samples_seen,
                                     static_cast<int64_t>(s.world_size)}, torch::kInt64));
-    a.write("shares", torch::tensor(s.balance_shares, torch::kInt64));
     a.write("optimizer", torch::from_blob(const_cast<char*>(mine->optimizer.data()),
                                           {static_cast<int64_t>(mine->optimizer.size())}, torch::kUInt8));
     if (mine->scaler.defined()) a.write("scaler", mine->scaler);
@@ -382,9 +382,8 @@ void Trainer::Parts::adopt_handover() {
   comm.broadcast_bytes(blob, 0, "state handover");
   torch::serialize::InputArchive a;
   a.load_from(blob.data(), blob.size());
-  torch::Tensor fields, shares, opt, scaler;
+  torch::Tensor fields, opt, scaler;
   a.read("state", fields);
-  a.read("shares", shares);
   a.read("optimizer", opt);
   std::istringstream opt_in(std::string(static_cast<const char*>(opt.data_ptr()), static_cast<size_t>(opt.numel())));
   torch::load(*optimizer, opt_in);
@@ -393,7 +392,9 @@ void Trainer::Parts::adopt_handover() {
   state.step = f[0];
   state.cursor = {f[1], f[2]};
   state.samples_seen = f[3];
-  state.balance_shares.assign(shares.data_ptr<int64_t>(), shares.data_ptr<int64_t>() + shares.numel());
+  // The old split was per rank of the old world: ranks are renumbered, so
+  // data.balance = auto measures the new world afresh.
+  state.balance_shares.clear();
   // A survivor goes on with its own stream, as it stood after that step.
   if (mine && mine->state.step == state.step && mine->rng.defined()) set_cpu_rng_state(mine->rng);
   COHORT_CHECK(state.cursor.consumed < order->usable(), Error, "state handover: cursor ", state.cursor.consumed,
@@ -445,7 +446,7 @@ void Trainer::Parts::open_outputs() {
     for (auto& note : dir.prepare(run.mode(), run.config_toml, state.step)) run.notes.push_back(note);
     for (const auto& [name, text] : task->run_files()) write_file_atomically((fs::path(run.out_dir) / name).string(), text);
     auto b = Checkpoints::best(run.out_dir);
-    if (run.resume && b.step >= 0 && b.metric == cfg.ckpt.best_metric) best = {1.0, b.value};
+    if ((run.resume || run.from_peers) && b.step >= 0 && b.metric == cfg.ckpt.best_metric) best = {1.0, b.value};
   });
   // Every rank needs the best so far: keep_best's decision is collective.
   best = comm.all_reduce_sum(best, "best checkpoint so far");
