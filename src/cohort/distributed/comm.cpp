@@ -179,8 +179,9 @@ struct Comm::Impl {
     }
     cv.notify_all();
     if (heartbeat.joinable()) heartbeat.join();
-    // An abandoned collective may still run in the group's threads.
-    if (link && pg) link->bury(std::move(pg));
+    // An abandoned collective may still run in the group's threads (after a
+    // planned change, every collective completed: the group closes now).
+    if (link && pg && link->changed()) link->bury(std::move(pg));
   }
 
   void beat() {
