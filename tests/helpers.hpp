@@ -118,7 +118,7 @@ void write_tiny_dataset(const Dir& dir, uint32_t n = 8) {
 // 200, sequences of 32, train/valid/test) in `dir`/data. Returns the
 // prepare run.
 template <class Dir>
-Result prepare_tiny_bert(const Dir& dir) {
+Result prepare_tiny_bert(const Dir& dir, int max_seq_length = 32) {
   std::string corpus;
   const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "dog", "ran", "to", "park", "bird", "sang",
                          "in", "tree", "sun", "rose", "over", "hill", "rain", "fell"};
@@ -130,7 +130,8 @@ Result prepare_tiny_bert(const Dir& dir) {
   }
   write_file(dir / "corpus.txt", corpus);
   return run_cohort("prepare --input " + dir / "corpus.txt" + " --out " + dir / "data" +
-                    " --vocab-size 200 --max-seq-length 32 --max-predictions 5 --dupe-factor 2"
+                    " --vocab-size 200 --max-seq-length " + std::to_string(max_seq_length) +
+                    " --max-predictions 5 --dupe-factor 2"
                     " --valid-fraction 0.1 --test-fraction 0.1 --quiet");
 }
 

@@ -130,6 +130,8 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("data.prefetch", c.data.prefetch, "steps prepared ahead per rank", node);
   bind("data.drop-last", c.data.drop_last, "drop the epoch's last, short global batch", fixed);
   bind("data.bucket", c.data.bucket, "length bucketing: sort each window of N global batches by length; 0 = off", fixed);
+  bind("data.pack", c.data.pack, "bert-pretrain: pack several instances into each row of the shards' length, "
+       "attention block-diagonal, so no compute goes to padding (the same losses as unpacked)");
   bind("data.balance", c.data.balance, "each rank's share of the global batch: equal, by data.balance-weights, "
        "or auto from each rank's measured speed");
   bind("data.balance-weights", c.data.balance_weights, "data.balance = weights: one weight per rank, e.g. 2,1");
@@ -507,6 +509,10 @@ void validate(const Config& c) {
   require(c.data.workers >= 0, "data.workers", c.data.workers, "must be >= 0");
   require(c.data.prefetch >= 1, "data.prefetch", c.data.prefetch, "must be >= 1");
   require(c.data.bucket >= 0, "data.bucket", c.data.bucket, "must be >= 0");
+  require(!c.data.pack || c.train.task == "bert-pretrain", "data.pack", "true", "is for train.task bert-pretrain");
+  require(!c.data.pack || c.model.dropout_rng == DropoutRng::kRank ||
+              (c.model.dropout == 0 && c.model.attention_dropout == 0),
+          "data.pack", "true", "needs model.dropout-rng = rank while dropout is on (per-sample masks are per row)");
   for (double w : c.data.balance_weights) {
     require(std::isfinite(w) && w > 0, "data.balance-weights", w, "must all be > 0");
   }

@@ -40,6 +40,7 @@ struct DataOptions {
   int prefetch = 4;           // micro-batches prepared ahead per rank
   bool drop_last = false;     // drop the epoch's last, short global batch
   int64_t bucket = 0;         // length bucketing window, in global batches; 0: off
+  bool pack = false;          // bert-pretrain: several instances per row, no padding computed
   Balance balance = Balance::kEqual;   // each rank's share of the global batch
   std::vector<double> balance_weights;  // balance = weights: one per rank
   int64_t balance_every = 5;   // balance = auto: re-measure every N steps

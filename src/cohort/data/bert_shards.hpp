@@ -50,7 +50,22 @@ struct BertShardsOptions {
   // with HDF5 1.8's B-tree chunk index). Random rows from more files than
   // this pay an open for most rows.
   int64_t open_files = 32;
+  // data.pack: get_batch returns its instances packed (pack_bert_rows) into
+  // rows of the shards' sequence length.
+  bool pack = false;
 };
+
+// data.pack: the instances of a collated batch (get_batch's keys) packed
+// into rows of at most `row_len` tokens, first fit in decreasing length
+// (ties by position, so the same batch always packs the same way), the rows
+// as long as the longest. Adds position_ids (restarting at every instance),
+// seq_ids (the instance a token belongs to; -1 on padding, where attention
+// stays among padding) and cls_index (each instance's [CLS], flat over the
+// rows), and makes masked_lm_positions flat over the rows. The per-instance
+// keys (masked_lm_ids, next_sentence_labels) keep their order, so losses
+// and unit counts are those of the unpacked batch. A row's real tokens are
+// a prefix of it (the NVIDIA layout).
+Example pack_bert_rows(const Example& batch, int64_t row_len);
 
 // A Dataset over every shard of one split. Opening reads only each file's
 // shapes (validating keys, ranks and dtypes); rows are read on demand in

@@ -127,8 +127,8 @@ struct EmbeddingsImpl : nn::Module {
         LayerNorm(register_module("LayerNorm",
                                   nn::LayerNorm(nn::LayerNormOptions({c.hidden}).eps(c.layer_norm_eps)))),
         dropout(register_module("dropout", SampleDropout(c.hidden_dropout, 0))) {}
-  torch::Tensor forward(const torch::Tensor& ids, const torch::Tensor& segments) {
-    auto positions = torch::arange(ids.size(1), ids.options()).unsqueeze(0);
+  torch::Tensor forward(const torch::Tensor& ids, const torch::Tensor& segments, const torch::Tensor& position_ids) {
+    auto positions = position_ids.defined() ? position_ids : torch::arange(ids.size(1), ids.options()).unsqueeze(0);
     auto e = word_embeddings(ids) + position_embeddings(positions) + token_type_embeddings(segments);
     return dropout(LayerNorm(e));
   }
@@ -190,10 +190,14 @@ TORCH_MODULE(Cls);
 
 // The encoder's last hidden states [B,L,H].
 torch::Tensor encode_with(Bert& bert, const torch::Tensor& input_ids, const torch::Tensor& segment_ids,
-                          const torch::Tensor& input_mask) {
-  auto x = bert->embeddings(input_ids, segment_ids);
-  // Padding keys are masked out for every head and query.
-  auto keep = input_mask.ne(0).view({input_mask.size(0), 1, 1, input_mask.size(1)});
+                          const torch::Tensor& input_mask, const torch::Tensor& position_ids = {},
+                          const torch::Tensor& seq_ids = {}) {
+  auto x = bert->embeddings(input_ids, segment_ids, position_ids);
+  // Padding keys are masked out for every head and query; packed rows keep
+  // each query among its own instance's keys (block-diagonal; padding
+  // attends to padding, whose outputs nothing reads).
+  auto keep = seq_ids.defined() ? seq_ids.unsqueeze(2).eq(seq_ids.unsqueeze(1)).unsqueeze(1)
+                                : input_mask.ne(0).view({input_mask.size(0), 1, 1, input_mask.size(1)});
   for (const auto& layer : *bert->encoder->layer) x = layer->as<LayerImpl>()->forward(x, keep);
   return x;
 }
@@ -231,31 +235,42 @@ BertForPretrainingImpl::BertForPretrainingImpl(const BertConfig& cfg) : cfg_(cfg
 void BertForPretrainingImpl::reset_parameters() { init_bert_parameters(*this, cfg_.init_std); }
 
 torch::Tensor BertForPretrainingImpl::encode(const torch::Tensor& input_ids, const torch::Tensor& segment_ids,
-                                             const torch::Tensor& input_mask) {
-  return encode_with(p_->bert, input_ids, segment_ids, input_mask);
+                                             const torch::Tensor& input_mask, const torch::Tensor& position_ids,
+                                             const torch::Tensor& seq_ids) {
+  return encode_with(p_->bert, input_ids, segment_ids, input_mask, position_ids, seq_ids);
 }
 
 BertBatch BertBatch::from(const Example& b) {
-  return {b.at("input_ids"), b.at("segment_ids"), b.at("input_mask"), b.at("masked_lm_positions"),
-          b.at("masked_lm_ids")};
+  BertBatch out{b.at("input_ids"), b.at("segment_ids"), b.at("input_mask"), b.at("masked_lm_positions"),
+                b.at("masked_lm_ids")};
+  if (auto it = b.find("seq_ids"); it != b.end()) {
+    out.seq_ids = it->second;
+    out.position_ids = b.at("position_ids");
+    out.cls_index = b.at("cls_index");
+  }
+  return out;
 }
 
 BertOutputs BertForPretrainingImpl::forward(const BertBatch& batch) {
   COHORT_CHECK(batch.input_ids.size(1) <= cfg_.max_positions, DataError, "a batch has sequences of length ",
                batch.input_ids.size(1), " but model.max-positions is ", cfg_.max_positions);
-  auto hidden = encode(batch.input_ids, batch.segment_ids, batch.input_mask);  // [B,L,H]
+  auto hidden = encode(batch.input_ids, batch.segment_ids, batch.input_mask, batch.position_ids,
+                       batch.seq_ids);  // [R,L,H]
   auto& bert = p_->bert;
   auto& cls = p_->cls;
   BertOutputs out;
-  // NSP from the pooled [CLS] state.
-  auto pooled = torch::tanh(bert->pooler->dense(hidden.select(1, 0)));
+  const auto rows = hidden.size(0), width = hidden.size(1), h = hidden.size(2);
+  auto flat = hidden.reshape({rows * width, h});
+  // NSP from each instance's pooled [CLS] state.
+  auto first = batch.packed() ? flat.index_select(0, batch.cls_index) : hidden.select(1, 0);
+  auto pooled = torch::tanh(bert->pooler->dense(first));
   out.nsp_logits = cls->seq_relationship(pooled);
-  // MLM only where there is a prediction: gather [B,P,H], keep the M real rows.
-  auto b = hidden.size(0), h = hidden.size(2);
-  auto pos = batch.masked_positions.clamp_min(0);
-  auto gathered = hidden.gather(1, pos.unsqueeze(-1).expand({b, pos.size(1), h})).reshape({-1, h});
+  // MLM only at the M real predictions, picked from the flat rows.
   auto keep = batch.masked_ids.reshape({-1}).ge(0).nonzero().squeeze(1);
-  auto picked = gathered.index_select(0, keep);
+  auto at = batch.packed() ? batch.masked_positions
+                           : batch.masked_positions.clamp_min(0) +
+                                 torch::arange(rows, batch.masked_positions.options()).unsqueeze(1) * width;
+  auto picked = flat.index_select(0, at.reshape({-1}).index_select(0, keep));
   out.mlm_labels = batch.masked_ids.reshape({-1}).index_select(0, keep);
   auto t = cls->predictions->transform(picked);
   const auto& decoder = bert->embeddings->word_embeddings->weight;  // tied

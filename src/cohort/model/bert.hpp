@@ -42,8 +42,14 @@ struct BertBatch {
   torch::Tensor input_ids;        // int64 [B,L]
   torch::Tensor segment_ids;      // int64 [B,L]
   torch::Tensor input_mask;       // int64 [B,L], 1 for real tokens
-  torch::Tensor masked_positions; // int64 [B,P]
+  torch::Tensor masked_positions; // int64 [B,P]; packed: flat over the [R,L] rows
   torch::Tensor masked_ids;       // int64 [B,P], -1 where no prediction
+  // data.pack (pack_bert_rows): B instances in R rows. Undefined: one
+  // instance per row.
+  torch::Tensor position_ids;     // int64 [R,L], restarting at every instance
+  torch::Tensor seq_ids;          // int64 [R,L], the instance of each token; -1 on padding
+  torch::Tensor cls_index;        // int64 [B], each instance's [CLS], flat over the rows
+  bool packed() const { return seq_ids.defined(); }
 
   // A collated batch of BertShards (data/bert_shards.hpp): input_ids,
   // segment_ids, input_mask, masked_lm_positions, masked_lm_ids.
@@ -60,9 +66,11 @@ class BertForPretrainingImpl : public torch::nn::Module {
  public:
   explicit BertForPretrainingImpl(const BertConfig& cfg);
   BertOutputs forward(const BertBatch& batch);
-  // The encoder's last hidden states [B,L,H] (no heads).
+  // The encoder's last hidden states [B,L,H] (no heads). Packed rows give
+  // position_ids and seq_ids (attention stays within an instance).
   torch::Tensor encode(const torch::Tensor& input_ids, const torch::Tensor& segment_ids,
-                       const torch::Tensor& input_mask);
+                       const torch::Tensor& input_mask, const torch::Tensor& position_ids = {},
+                       const torch::Tensor& seq_ids = {});
   const BertConfig& config() const { return cfg_; }
   // BERT's initialisation: normal(0, init_std) weights, zero biases, unit
   // LayerNorm scales. Deterministic under torch::manual_seed.

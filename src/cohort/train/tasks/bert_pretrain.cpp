@@ -25,7 +25,8 @@ namespace F = torch::nn::functional;
 class BertPretrainTask : public Task {
  public:
   BertPretrainTask(const Config& cfg, const World& world)
-      : dir_(cfg.data.path), train_(std::make_shared<BertShards>(cfg.data.path, "train")), device_(world.device) {
+      : dir_(cfg.data.path), shard_opts_(options(cfg)),
+        train_(std::make_shared<BertShards>(cfg.data.path, "train", shard_opts_)), device_(world.device) {
     int64_t data_vocab = data_vocab_size(dir_);
     BertConfig bc = BertConfig::from(cfg.model, data_vocab);
     check_against_data(bc, data_vocab);
@@ -44,7 +45,7 @@ class BertPretrainTask : public Task {
 
   std::shared_ptr<const Dataset> eval_set(const std::string& split) const override {
     if (split == "train") return train_;
-    auto data = std::make_shared<BertShards>(dir_, split);
+    auto data = std::make_shared<BertShards>(dir_, split, shard_opts_);
     COHORT_CHECK(data->info().seq_len == train_->info().seq_len, DataError, "split '", split, "' under ", dir_,
                  " has sequence length ", data->info().seq_len, " but the train split has ",
                  train_->info().seq_len);
@@ -89,6 +90,12 @@ class BertPretrainTask : public Task {
   }
 
  private:
+  static BertShardsOptions options(const Config& cfg) {
+    BertShardsOptions o;
+    o.pack = cfg.data.pack;
+    return o;
+  }
+
   // A config that cannot fit its data fails here, before any step.
   void check_against_data(const BertConfig& bc, int64_t data_vocab) const {
     const auto& info = train_->info();
@@ -106,6 +113,7 @@ class BertPretrainTask : public Task {
   }
 
   std::string dir_;
+  BertShardsOptions shard_opts_;
   std::shared_ptr<BertShards> train_;
   c10::Device device_;
   BertForPretraining model_{nullptr};

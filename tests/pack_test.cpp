@@ -1,0 +1,177 @@
+// data.pack: BERT instances packed into rows without cross-contamination.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+
+#include "cohort/data/bert_shards.hpp"
+#include "cohort/model/bert.hpp"
+#include "helpers.hpp"
+
+using cohort::test::read_file;
+using cohort::test::run_cohort;
+using cohort::test::TempDir;
+
+namespace {
+
+namespace F = torch::nn::functional;
+
+// One tiny prepared BERT dataset for the whole file: rows of 128, instances
+// of a document (about 35 tokens) each, so that three or so fit in a row.
+const std::string& tiny_data() {
+  static TempDir dir;
+  static std::string path = [] {
+    auto r = cohort::test::prepare_tiny_bert(dir, 128);
+    if (r.code != 0) throw std::runtime_error("prepare failed: " + r.err);
+    return dir / "data";
+  }();
+  return path;
+}
+
+std::vector<int64_t> first(int64_t n) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+struct Losses {
+  torch::Tensor mlm, nsp;
+};
+
+Losses losses(cohort::BertForPretraining& model, const cohort::Example& batch) {
+  auto out = model->forward(cohort::BertBatch::from(batch));
+  auto sum = F::CrossEntropyFuncOptions().reduction(torch::kSum);
+  return {F::cross_entropy(out.mlm_logits, out.mlm_labels, sum),
+          F::cross_entropy(out.nsp_logits, batch.at("next_sentence_labels"), sum)};
+}
+
+double max_abs(const torch::Tensor& t) { return t.abs().max().item<double>(); }
+
+}  // namespace
+
+TEST(Pack, RowsHoldEveryInstanceOnceWithoutCrossing) {
+  cohort::BertShards data(tiny_data(), "train");
+  auto batch = data.get_batch(first(24));
+  const int64_t row_len = data.info().seq_len;
+  auto packed = cohort::pack_bert_rows(batch, row_len);
+  const auto& ids = packed.at("input_ids");
+  ASSERT_LE(ids.size(1), row_len);
+  EXPECT_LT(ids.size(0), 24) << "nothing was packed";
+  EXPECT_TRUE(packed.at("next_sentence_labels").equal(batch.at("next_sentence_labels")));
+  EXPECT_TRUE(packed.at("masked_lm_ids").equal(batch.at("masked_lm_ids")));
+  EXPECT_EQ(packed.at("input_mask").sum().item<int64_t>(), batch.at("input_mask").sum().item<int64_t>());
+  auto seq = packed.at("seq_ids"), pos = packed.at("position_ids"), cls = packed.at("cls_index");
+  auto flat_ids = ids.reshape({-1}), flat_seq = seq.reshape({-1}), flat_pos = pos.reshape({-1});
+  for (int64_t i = 0; i < 24; ++i) {
+    int64_t len = batch.at("input_mask")[i].sum().item<int64_t>();
+    int64_t start = cls[i].item<int64_t>();
+    // The instance's tokens, in order, at one place; positions restart; the
+    // segment is its alone.
+    EXPECT_TRUE(flat_ids.narrow(0, start, len).equal(batch.at("input_ids")[i].narrow(0, 0, len))) << i;
+    EXPECT_TRUE(flat_pos.narrow(0, start, len).equal(torch::arange(len, torch::kInt64))) << i;
+    EXPECT_EQ(flat_seq.narrow(0, start, len).eq(i).sum().item<int64_t>(), len) << i;
+    EXPECT_EQ(flat_seq.eq(i).sum().item<int64_t>(), len) << i;
+    EXPECT_EQ(start / ids.size(1), (start + len - 1) / ids.size(1)) << "instance " << i << " crosses rows";
+    // Every masked position points at the same token as before.
+    auto mp = packed.at("masked_lm_positions")[i], op = batch.at("masked_lm_positions")[i];
+    auto real = batch.at("masked_lm_ids")[i].ge(0);
+    for (int64_t j = 0; j < mp.size(0); ++j) {
+      if (!real[j].item<bool>()) continue;
+      EXPECT_EQ(flat_ids[mp[j].item<int64_t>()].item<int64_t>(),
+                batch.at("input_ids")[i][op[j].item<int64_t>()].item<int64_t>());
+    }
+  }
+  // Padding belongs to no instance, and packing is deterministic.
+  EXPECT_TRUE(seq.lt(0).equal(packed.at("input_mask").eq(0)));
+  auto again = cohort::pack_bert_rows(batch, row_len);
+  for (const auto& [name, t] : packed) EXPECT_TRUE(t.equal(again.at(name))) << name;
+}
+
+// The packed batch computes what the unpacked one does: the same MLM and NSP
+// loss sums and the same gradients (fp32, within 1e-5).
+TEST(Pack, PackedBatchGivesTheSameLossesAndGradients) {
+  cohort::BertShards data(tiny_data(), "train");
+  auto batch = data.get_batch(first(24));
+  auto packed = cohort::pack_bert_rows(batch, data.info().seq_len);
+  ASSERT_LT(packed.at("input_ids").size(0), 24);
+  cohort::BertConfig cfg;
+  cfg.vocab_size = 200;
+  cfg.hidden = 32;
+  cfg.layers = 2;
+  cfg.heads = 4;
+  cfg.intermediate = 64;
+  cfg.max_positions = 128;
+  cfg.hidden_dropout = cfg.attention_dropout = 0;
+  torch::manual_seed(3);
+  cohort::BertForPretraining model(cfg);
+  auto grads = [&](const cohort::Example& b, Losses& l) {
+    for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+    l = losses(model, b);
+    (l.mlm + l.nsp).backward();
+    std::vector<torch::Tensor> g;
+    for (auto& p : model->parameters()) g.push_back(p.grad().clone());
+    return g;
+  };
+  Losses a, b;
+  auto ga = grads(batch, a), gb = grads(packed, b);
+  EXPECT_NEAR(a.mlm.item<double>(), b.mlm.item<double>(), 1e-5 * std::abs(a.mlm.item<double>()));
+  EXPECT_NEAR(a.nsp.item<double>(), b.nsp.item<double>(), 1e-5 * std::abs(a.nsp.item<double>()));
+  auto names = model->named_parameters().keys();
+  for (size_t i = 0; i < ga.size(); ++i) {
+    EXPECT_LE(max_abs(ga[i] - gb[i]), 1e-5 * std::max(1.0, max_abs(ga[i]))) << names[i];
+  }
+  // And a contaminated packing would not: attention across instances changes them.
+  auto leaky = packed;
+  leaky["seq_ids"] = packed.at("seq_ids").ge(0).to(torch::kInt64);
+  Losses c = losses(model, leaky);
+  EXPECT_GT(std::abs(c.mlm.item<double>() - a.mlm.item<double>()), 1e-3);
+}
+
+// A run with data.pack trains as one without: the same loss curve on one
+// rank, and on two.
+TEST(Pack, TrainingWithPackKeepsTheLossCurveAtAnyWorldSize) {
+  TempDir tmp;
+  const std::string args = " train --train.task bert-pretrain --model.name bert --model.hidden 32 --model.layers 2 "
+                           "--model.heads 4 --model.intermediate 64 --model.max-positions 128 --model.dropout 0 "
+                           "--model.attention-dropout 0 --data.global-batch 16 --train.max-steps 6 "
+                           "--log.every-steps 1 --quiet --data.path " + tiny_data();
+  auto plain = run_cohort(args + " --out " + (tmp / "plain"));
+  auto packed = run_cohort(args + " --data.pack --out " + (tmp / "packed"));
+  auto packed2 = run_cohort(args + " --data.pack --nproc-per-node 2 --oversubscribe --out " + (tmp / "packed2"));
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  ASSERT_EQ(packed.code, 0) << packed.err;
+  ASSERT_EQ(packed2.code, 0) << packed2.err;
+  auto curve = [&](const std::string& run) {
+    std::vector<double> out;
+    for (const auto& line : cohort::test::lines_of(read_file(run + "/metrics.jsonl"))) {
+      auto j = nlohmann::json::parse(line);
+      if (j["kind"] == "train") out.push_back(j["loss"].get<double>());
+    }
+    return out;
+  };
+  auto a = curve(tmp / "plain"), b = curve(tmp / "packed"), c = curve(tmp / "packed2");
+  {  // the data does pack: a global batch's 16 instances take fewer rows
+    cohort::BertShardsOptions o;
+    o.pack = true;
+    EXPECT_LT(cohort::BertShards(tiny_data(), "train", o).get_batch(first(16)).at("input_ids").size(0), 8);
+  }
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  ASSERT_EQ(c.size(), 6u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_NEAR(a[i], b[i], 1e-4 * a[i]) << "step " << i + 1;
+    EXPECT_NEAR(b[i], c[i], 1e-4 * b[i]) << "step " << i + 1;
+  }
+}
+
+TEST(Pack, IsForBertPretrainingWithoutPerSampleDropout) {
+  auto image = run_cohort("train --out /tmp/unused --data.pack");
+  EXPECT_EQ(image.code, 2);
+  EXPECT_NE(image.err.find("data.pack"), std::string::npos) << image.err;
+  EXPECT_NE(image.err.find("bert-pretrain"), std::string::npos) << image.err;
+  auto rng = run_cohort("train --out /tmp/unused --train.task bert-pretrain --model.name bert --data.pack");
+  EXPECT_EQ(rng.code, 2);
+  EXPECT_NE(rng.err.find("model.dropout-rng = rank"), std::string::npos) << rng.err;
+}
