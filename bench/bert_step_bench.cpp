@@ -12,12 +12,15 @@
 // are real (non-padding) tokens. --dropout-rng both alternates steps with
 // per-sample masks and with torch's generator (model.dropout-rng sample and
 // rank) and prints the median step of each and their ratio instead.
+#include <ATen/record_function.h>
 #include <CLI/CLI.hpp>
 #include <torch/cuda.h>
 #include <torch/nn/utils/clip_grad.h>
 
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <cstdio>
 
@@ -28,6 +31,62 @@
 #include "cohort/model/dropout.hpp"
 #include "cohort/train/optim.hpp"
 #include "cohort/train/precision.hpp"
+
+namespace {
+
+// --profile: every ATen op's self time (its time less its children's), from
+// RecordFunction callbacks on every thread, summed by name.
+struct OpTimes {
+  struct Stat {
+    double self_s = 0;
+    int64_t calls = 0;
+  };
+  std::mutex mu;
+  std::map<std::string, Stat> by_name;
+};
+OpTimes op_times;
+struct Open {
+  std::chrono::steady_clock::time_point start;
+  double children_s = 0;
+};
+thread_local std::vector<Open> open_ops;
+
+at::CallbackHandle start_profiling() {
+  auto cb = at::RecordFunctionCallback(
+      [](const at::RecordFunction&) -> std::unique_ptr<at::ObserverContext> {
+        open_ops.push_back({std::chrono::steady_clock::now(), 0});
+        return nullptr;
+      },
+      [](const at::RecordFunction& fn, at::ObserverContext*) {
+        if (open_ops.empty()) return;
+        Open op = open_ops.back();
+        open_ops.pop_back();
+        double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - op.start).count();
+        if (!open_ops.empty()) open_ops.back().children_s += total;
+        std::lock_guard<std::mutex> lock(op_times.mu);
+        auto& s = op_times.by_name[fn.name()];
+        s.self_s += total - op.children_s;
+        ++s.calls;
+      });
+  cb.scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION});
+  return at::addGlobalCallback(cb);
+}
+
+// The top ops by self time, per step, on stderr.
+void print_profile(int64_t steps, int top) {
+  std::vector<std::pair<std::string, OpTimes::Stat>> v(op_times.by_name.begin(), op_times.by_name.end());
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second.self_s > b.second.self_s; });
+  double all = 0;
+  for (const auto& [name, s] : v) all += s.self_s;
+  std::fprintf(stderr, "%-44s %10s %7s %8s\n", "op (self time)", "ms/step", "share", "calls");
+  for (int i = 0; i < top && i < static_cast<int>(v.size()); ++i) {
+    std::fprintf(stderr, "%-44s %10.1f %6.1f%% %8lld\n", v[i].first.c_str(), v[i].second.self_s * 1e3 / steps,
+                 100 * v[i].second.self_s / all, static_cast<long long>(v[i].second.calls / steps));
+  }
+  std::fprintf(stderr, "%-44s %10.1f\n", "all ops", all * 1e3 / steps);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace cohort;
@@ -43,6 +102,11 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads)->capture_default_str();
   app.add_option("--precision", precision_name, "fp32 | bf16")->capture_default_str();
   app.add_option("--data", data, "shards from cohort prepare (train split); default: synthetic batches");
+  bool pack = false;
+  app.add_flag("--pack", pack, "with --data: pack each batch's instances into rows (data.pack)");
+  int profile = 0;
+  app.add_option("--profile", profile, "print the top N ops by self time per step (on stderr), over the steady "
+                 "steps; 0: off");
   std::string device_name = "cpu", dropout_rng = "rank";
   app.add_option("--dropout-rng", dropout_rng, "sample | rank | both (alternating)")->capture_default_str();
   double peak_tflops = 0;
@@ -72,7 +136,11 @@ int main(int argc, char** argv) {
   auto opt = make_optimizer(oo, *model);
 
   std::unique_ptr<BertShards> shards;
-  if (!data.empty()) shards = std::make_unique<BertShards>(data, "train");
+  if (!data.empty()) {
+    BertShardsOptions so;
+    so.pack = pack;
+    shards = std::make_unique<BertShards>(data, "train", so);
+  }
   auto ids = torch::randint(5, c.vocab_size, {batch, seq}, torch::kLong);
   auto seg = torch::zeros({batch, seq}, torch::kLong);
   seg.slice(1, seq / 2).fill_(1);
@@ -90,12 +158,17 @@ int main(int argc, char** argv) {
     return {BertBatch::from(e), e.at("next_sentence_labels")};
   };
 
-  std::vector<double> times, tokens, sample_times;
+  std::vector<double> times, tokens, sample_times, real_sq, masked;
+  std::optional<at::CallbackHandle> profiling;
   for (int64_t s = 0; s < steps; ++s) {
+    if (profile > 0 && s == steps / 4) profiling = start_profiling();
     const bool sample_masks = dropout_rng == "sample" || (dropout_rng == "both" && s % 2 == 1);
     auto [host, host_nsp] = batch_at(s);
-    BertBatch b{host.input_ids.to(device), host.segment_ids.to(device), host.input_mask.to(device),
-                host.masked_positions.to(device), host.masked_ids.to(device)};
+    BertBatch b = host;
+    for (auto* t : {&b.input_ids, &b.segment_ids, &b.input_mask, &b.masked_positions, &b.masked_ids, &b.position_ids,
+                    &b.seq_ids, &b.cls_index}) {
+      if (t->defined()) *t = t->to(device);
+    }
     torch::Tensor nsp_labels = host_nsp.to(device);
     if (device.is_cuda()) torch::cuda::synchronize();
     auto t0 = std::chrono::steady_clock::now();
@@ -126,6 +199,15 @@ int main(int argc, char** argv) {
     }
     times.push_back(secs);
     tokens.push_back(static_cast<double>(host.input_mask.sum().item<int64_t>()));
+    // Model FLOPs on real tokens only: every instance's own length.
+    torch::Tensor lengths = host.packed() ? host.seq_ids.flatten().masked_select(host.seq_ids.flatten().ge(0)).bincount()
+                                          : host.input_mask.sum(1);
+    real_sq.push_back(lengths.to(torch::kFloat64).pow(2).sum().item<double>());
+    masked.push_back(static_cast<double>(host.masked_ids.ge(0).sum().item<int64_t>()));
+  }
+  if (profiling) {
+    at::removeCallback(*profiling);
+    print_profile(steps - steps / 4, profile);
   }
   if (dropout_rng == "both") {
     auto median = [](std::vector<double> v) {
@@ -156,9 +238,17 @@ int main(int argc, char** argv) {
   const double per_seq = per_token * static_cast<double>(seq) +
                          6 * (h * h + h * static_cast<double>(c.vocab_size)) * static_cast<double>(predictions);
   const double tflops = per_seq * seq_per_s / 1e12;
+  // On real tokens: the encoder's matrices per token, attention per
+  // instance (its length squared), the decoder per prediction.
+  double real_flops = 0;
+  for (size_t i = k; i < times.size(); ++i) {
+    real_flops += 6 * encoder * tokens[i] + 12 * l * h * real_sq[i] +
+                  6 * (h * h + h * static_cast<double>(c.vocab_size)) * masked[i];
+  }
+  const double real_tflops = real_flops / secs / 1e12;
   std::printf("{\"step_ms\": %.3f, \"tokens_per_s\": %.1f, \"samples_per_s\": %.2f, \"precision\": \"%s\", "
-              "\"device\": \"%s\", \"model_tflops\": %.2f, \"mfu\": %.4f}\n",
-              step_s * 1e3, tokens_per_s, seq_per_s, name_of(precision), device.str().c_str(), tflops,
-              peak_tflops > 0 ? tflops / peak_tflops : 0.0);
+              "\"device\": \"%s\", \"model_tflops\": %.2f, \"real_tflops\": %.4f, \"mfu\": %.4f}\n",
+              step_s * 1e3, tokens_per_s, seq_per_s, name_of(precision), device.str().c_str(), tflops, real_tflops,
+              peak_tflops > 0 ? real_tflops / peak_tflops : 0.0);
   return 0;
 }

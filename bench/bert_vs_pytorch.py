@@ -10,6 +10,13 @@ The default shape is bert-mini: H=256, L=4, A=4, S=128, P=20, vocabulary
                labels, the MLM decoder over every position)
   pt-masked    the same network in PyTorch eager with the decoder at masked
                positions only, Cohort's method, to separate that gain
+  packed       with --data: Cohort with data.pack (each batch's instances
+               packed into rows of S, block-diagonal attention: no compute
+               on padding)
+With --data the bench also measures this CPU's matmul peak (torch.matmul of
+2048x2048 at each precision on the same threads) and prints the model FLOPs
+Cohort packed reaches on real tokens (encoder matrices per token, attention
+per instance, decoder per prediction) as a share of the bf16 peak (MFU).
 All three: AdamW, global-norm clipping, dropout 0.1. Batches are synthetic and
 full length (every token real), or with --data DIR the same rows of DIR's
 train shards on every side, in file order, trimmed to each batch's longest
@@ -29,9 +36,25 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run(cmd):
+def run(cmd, key="tokens_per_s"):
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
-    return json.loads(out)["tokens_per_s"]
+    return json.loads(out)[key]
+
+
+def matmul_peak(precision, threads, n=2048, reps=6):
+    """TFLOP/s of torch.matmul at `precision` on `threads` threads: the best of `reps`."""
+    import time
+    import torch
+    torch.set_num_threads(threads)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    torch.matmul(a, b)
+    best = 0.0
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        best = max(best, 2 * n ** 3 / (time.perf_counter() - t0) / 1e12)
+    return best
 
 
 def main():
@@ -63,16 +86,37 @@ def main():
           "real tokens/s" % (args.hidden, args.layers, args.heads, args.seq, args.batch, args.threads,
                              "shards " + args.data if args.data else "synthetic full-length batches",
                              torch.__version__, args.rounds))
-    print("%-9s %10s %10s %10s %10s %16s" % ("precision", "cohort", "hf", "pt-masked", "cohort/hf",
-                                             "cohort/pt-masked"))
+    packed = cohort + ["--pack"] if args.data else None
+    peaks = {}
+    if packed:
+        for precision in ("fp32", "bf16"):
+            peaks[precision] = matmul_peak(precision, args.threads)
+        print("matmul peak on %d thread(s): fp32 %.3f TFLOP/s, bf16 %.3f TFLOP/s" %
+              (args.threads, peaks["fp32"], peaks["bf16"]))
+        print("%-9s %10s %10s %10s %10s %10s %14s %12s" % ("precision", "cohort", "packed", "hf", "pt-masked",
+                                                          "packed/hf", "packed/cohort", "packed MFU"))
+    else:
+        print("%-9s %10s %10s %10s %10s %16s" % ("precision", "cohort", "hf", "pt-masked", "cohort/hf",
+                                                 "cohort/pt-masked"))
     for precision in args.precisions.split(","):
-        rates = {"cohort": [], "pytorch": [], "masked": []}
+        rates = {"cohort": [], "pytorch": [], "masked": [], "packed": [], "packed_tflops": []}
         for _ in range(args.rounds):
             rates["cohort"].append(run(cohort + ["--precision", precision]))
+            if packed:
+                line = subprocess.run(packed + ["--precision", precision], check=True, capture_output=True,
+                                      text=True).stdout.strip().splitlines()[-1]
+                rates["packed"].append(json.loads(line)["tokens_per_s"])
+                rates["packed_tflops"].append(json.loads(line)["real_tflops"])
             rates["pytorch"].append(run(peer + ["--precision", precision, "--model", "hf"]))
             rates["masked"].append(run(peer + ["--precision", precision, "--model", "mirror", "--mlm", "masked"]))
         c, p, m = (statistics.median(rates[k]) for k in ("cohort", "pytorch", "masked"))
-        print("%-9s %10.0f %10.0f %10.0f %10.2f %16.2f" % (precision, c, p, m, c / p, c / m))
+        if packed:
+            k = statistics.median(rates["packed"])
+            mfu = statistics.median(rates["packed_tflops"]) / peaks["bf16"]
+            print("%-9s %10.0f %10.0f %10.0f %10.0f %10.2f %14.2f %11.1f%%" % (precision, c, k, p, m, k / p, k / c,
+                                                                             100 * mfu))
+        else:
+            print("%-9s %10.0f %10.0f %10.0f %10.2f %16.2f" % (precision, c, p, m, c / p, c / m))
         sys.stdout.flush()
 
 

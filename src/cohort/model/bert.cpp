@@ -46,7 +46,8 @@ struct SelfAttentionImpl : nn::Module {
         value(register_module("value", nn::Linear(c.hidden, c.hidden))),
         dropout(register_module("dropout", SampleDropout(c.attention_dropout, layer_site(layer, 1)))) {}
 
-  // x [B,L,H]; keep [B,1,1,L], true where a key is a real token. One fused
+  // x [B,L,H]; keep [B,1,1,L], true where a key is a real token, or
+  // [B,1,L,L] for packed rows (block-diagonal). One fused
   // scaled_dot_product_attention (libtorch picks the kernel), with the
   // attention dropout only while training. Per-sample dropout masks need
   // the probabilities themselves, so that path computes them explicitly.
@@ -56,7 +57,10 @@ struct SelfAttentionImpl : nn::Module {
     auto q = split(query(x)), k = split(key(x)), v = split(value(x));
     double p = is_training() ? dropout->p() : 0.0;
     torch::Tensor ctx;  // [B,A,L,D]
-    if (p > 0 && DropoutRows::current() != nullptr) {
+    // On the CPU in bf16, libtorch's fused kernel is 2.5x slower than the
+    // attention written out (bench/attention_bench.py); in fp32 it is faster.
+    const bool written_out = q.is_cpu() && q.scalar_type() == torch::kBFloat16;
+    if ((p > 0 && DropoutRows::current() != nullptr) || written_out) {
       auto scores = torch::matmul(q * (1.0 / std::sqrt(static_cast<double>(head_dim))), k.transpose(-2, -1));
       auto probs = torch::softmax(scores.masked_fill(keep.logical_not(), -INFINITY), -1);
       ctx = torch::matmul(dropout(probs), v);
