@@ -8,6 +8,7 @@
 
 #include "cohort/data/bert_shards.hpp"
 #include "cohort/model/bert.hpp"
+#include "cohort/train/precision.hpp"
 #include "helpers.hpp"
 
 using cohort::test::read_file;
@@ -174,4 +175,74 @@ TEST(Pack, IsForBertPretrainingWithoutPerSampleDropout) {
   auto rng = run_cohort("train --out /tmp/unused --train.task bert-pretrain --model.name bert --data.pack");
   EXPECT_EQ(rng.code, 2);
   EXPECT_NE(rng.err.find("model.dropout-rng = rank"), std::string::npos) << rng.err;
+}
+
+namespace {
+
+// A hand-built collated batch: rows of `width`, instance i real for
+// lengths[i] tokens, one prediction at position 1 (when it has 2 tokens).
+cohort::Example hand_batch(const std::vector<int64_t>& lengths, int64_t width) {
+  const int64_t n = static_cast<int64_t>(lengths.size());
+  auto ids = torch::randint(5, 200, {n, width}, torch::kInt64), mask = torch::zeros({n, width}, torch::kInt64);
+  auto pos = torch::zeros({n, 2}, torch::kInt64), mlm = torch::full({n, 2}, -1, torch::kInt64);
+  for (int64_t i = 0; i < n; ++i) {
+    mask[i].narrow(0, 0, lengths[static_cast<size_t>(i)]).fill_(1);
+    if (lengths[static_cast<size_t>(i)] >= 2) {
+      pos[i][0] = 1;
+      mlm[i][0] = 7;
+    }
+  }
+  return {{"input_ids", ids * mask},
+          {"segment_ids", torch::zeros({n, width}, torch::kInt64)},
+          {"input_mask", mask},
+          {"masked_lm_positions", pos},
+          {"masked_lm_ids", mlm},
+          {"next_sentence_labels", torch::zeros({n}, torch::kInt64)}};
+}
+
+}  // namespace
+
+// Edge cases: an instance as long as a row takes one alone, an empty one
+// still gets its [CLS] slot, and rows packing cannot move faithfully (a hole
+// in the mask, a prediction past the real tokens) are refused, not mangled.
+TEST(Pack, EdgeCasesAreKeptOrRefused) {
+  auto b = hand_batch({16, 0, 5, 11}, 16);
+  auto p = cohort::pack_bert_rows(b, 16);
+  EXPECT_EQ(p.at("input_ids").size(0), 3);  // 16 | 11+5 | the empty one's [CLS] slot
+  EXPECT_EQ(p.at("seq_ids").eq(0).sum().item<int64_t>(), 16);
+  EXPECT_EQ(p.at("input_mask").sum().item<int64_t>(), 32);
+
+  auto hole = hand_batch({4, 6}, 8);
+  hole["input_mask"][1][2] = 0;
+  EXPECT_NE(cohort::test::error_of([&] { cohort::pack_bert_rows(hole, 8); }).find("padding inside it"),
+            std::string::npos);
+  auto past = hand_batch({4, 6}, 8);
+  past["masked_lm_positions"][0][0] = 5;
+  EXPECT_NE(cohort::test::error_of([&] { cohort::pack_bert_rows(past, 8); }).find("past its 4 real tokens"),
+            std::string::npos);
+}
+
+// bf16 on the CPU writes attention out: an empty row (no key to attend to)
+// must stay finite there, packed or not, and packed still matches unpacked.
+TEST(Pack, Bf16AttentionStaysFiniteForAnEmptyRow) {
+  cohort::BertConfig cfg;
+  cfg.vocab_size = 200;
+  cfg.hidden = 32;
+  cfg.layers = 1;
+  cfg.heads = 4;
+  cfg.intermediate = 64;
+  cfg.max_positions = 32;
+  cfg.hidden_dropout = cfg.attention_dropout = 0;
+  torch::manual_seed(5);
+  cohort::BertForPretraining model(cfg);
+  auto b = hand_batch({9, 0, 5, 12}, 16);
+  for (const auto& batch : {b, cohort::pack_bert_rows(b, 16)}) {
+    cohort::BertOutputs out;
+    {
+      cohort::AutocastScope autocast(cohort::Precision::kBf16, c10::Device(c10::kCPU));
+      out = model->forward(cohort::BertBatch::from(batch));
+    }
+    EXPECT_TRUE(torch::isfinite(out.nsp_logits.to(torch::kFloat32)).all().item<bool>());
+    EXPECT_TRUE(torch::isfinite(out.mlm_logits.to(torch::kFloat32)).all().item<bool>());
+  }
 }

@@ -798,16 +798,27 @@ Example BertShards::get_batch(const std::vector<int64_t>& indices) const {
 Example pack_bert_rows(const Example& batch, int64_t row_len) {
   const auto& ids = batch.at("input_ids");
   const int64_t n = ids.size(0), width = ids.size(1), p = batch.at("masked_lm_positions").size(1);
+  COHORT_CHECK(width <= row_len, DataError, "data.pack: rows of ", width, " tokens do not fit rows of ", row_len);
   auto contiguous = [&](const char* key) { return batch.at(key).to(torch::kInt64).contiguous(); };
   auto in_ids = contiguous("input_ids"), in_seg = contiguous("segment_ids"), in_mask = contiguous("input_mask"),
        in_pos = contiguous("masked_lm_positions"), in_mlm = contiguous("masked_lm_ids");
   const int64_t* mask = in_mask.data_ptr<int64_t>();
   std::vector<int64_t> length(static_cast<size_t>(n)), order(static_cast<size_t>(n));
+  const int64_t* pos_in = in_pos.data_ptr<int64_t>();
+  const int64_t* mlm_in = in_mlm.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) {
-    int64_t len = 0;
+    int64_t len = 0, real = 0;
     while (len < width && mask[i * width + len] != 0) ++len;
-    COHORT_CHECK(len <= row_len, DataError, "data.pack: an instance of ", len, " tokens is longer than the rows (",
-                 row_len, ")");
+    for (int64_t t = 0; t < width; ++t) real += mask[i * width + t] != 0;
+    // Packing moves an instance's real tokens only: they must be a prefix,
+    // and every prediction must point at one of them.
+    COHORT_CHECK(real == len, DataError, "data.pack: row ", i, " of the batch has padding inside it (input_mask ",
+                 "is not 1s then 0s); such rows can only be read unpacked");
+    for (int64_t j = 0; j < p; ++j) {
+      COHORT_CHECK(mlm_in[i * p + j] < 0 || pos_in[i * p + j] < std::max<int64_t>(len, 1), DataError,
+                   "data.pack: row ", i, " of the batch predicts position ", pos_in[i * p + j], " past its ", len,
+                   " real tokens; such rows can only be read unpacked");
+    }
     length[static_cast<size_t>(i)] = std::max<int64_t>(len, 1);  // an empty row still has its [CLS] slot
   }
   std::iota(order.begin(), order.end(), 0);
@@ -831,8 +842,7 @@ Example pack_bert_rows(const Example& batch, int64_t row_len) {
   int64_t *oi = out_ids.data_ptr<int64_t>(), *os = out_seg.data_ptr<int64_t>(), *om = out_mask.data_ptr<int64_t>(),
           *op = out_posn.data_ptr<int64_t>(), *oq = out_seq.data_ptr<int64_t>(), *oc = cls.data_ptr<int64_t>(),
           *of = flat_pos.data_ptr<int64_t>();
-  const int64_t *ii = in_ids.data_ptr<int64_t>(), *is = in_seg.data_ptr<int64_t>(), *ip = in_pos.data_ptr<int64_t>(),
-                *im = in_mlm.data_ptr<int64_t>();
+  const int64_t *ii = in_ids.data_ptr<int64_t>(), *is = in_seg.data_ptr<int64_t>(), *ip = pos_in, *im = mlm_in;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t base = row_of[i] * w + offset_of[i], len = length[i];
     for (int64_t t = 0; t < len && t < width; ++t) {

@@ -3,6 +3,7 @@
 #include <torch/nn.h>
 
 #include <cmath>
+#include <limits>
 
 #include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
@@ -62,7 +63,12 @@ struct SelfAttentionImpl : nn::Module {
     const bool written_out = q.is_cpu() && q.scalar_type() == torch::kBFloat16;
     if ((p > 0 && DropoutRows::current() != nullptr) || written_out) {
       auto scores = torch::matmul(q * (1.0 / std::sqrt(static_cast<double>(head_dim))), k.transpose(-2, -1));
-      auto probs = torch::softmax(scores.masked_fill(keep.logical_not(), -INFINITY), -1);
+      // The dtype's lowest finite value, not -inf: a query with no key to attend to
+      // (an empty row) gets finite probabilities, as in the fused kernel.
+      const double lowest = scores.scalar_type() == torch::kHalf       ? double(std::numeric_limits<c10::Half>::lowest())
+                            : scores.scalar_type() == torch::kBFloat16 ? double(std::numeric_limits<c10::BFloat16>::lowest())
+                                                                       : double(std::numeric_limits<float>::lowest());
+      auto probs = torch::softmax(scores.masked_fill(keep.logical_not(), lowest), -1);
       ctx = torch::matmul(dropout(probs), v);
     } else {
       ctx = at::scaled_dot_product_attention(q, k, v, keep, p);
@@ -274,7 +280,14 @@ BertOutputs BertForPretrainingImpl::forward(const BertBatch& batch) {
   auto at = batch.packed() ? batch.masked_positions
                            : batch.masked_positions.clamp_min(0) +
                                  torch::arange(rows, batch.masked_positions.options()).unsqueeze(1) * width;
-  auto picked = flat.index_select(0, at.reshape({-1}).index_select(0, keep));
+  auto picked_at = at.reshape({-1}).index_select(0, keep);
+  if (picked_at.numel() > 0) {  // a position outside its row would read another row's token
+    auto within = batch.packed() ? picked_at : batch.masked_positions.reshape({-1}).index_select(0, keep);
+    COHORT_CHECK(within.max().item<int64_t>() < (batch.packed() ? rows * width : width), DataError,
+                 "a masked position lies outside its row: ", within.max().item<int64_t>(), " of ",
+                 batch.packed() ? rows * width : width);
+  }
+  auto picked = flat.index_select(0, picked_at);
   out.mlm_labels = batch.masked_ids.reshape({-1}).index_select(0, keep);
   auto t = cls->predictions->transform(picked);
   const auto& decoder = bert->embeddings->word_embeddings->weight;  // tied
