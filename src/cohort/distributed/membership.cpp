@@ -302,7 +302,11 @@ std::vector<Member> Membership::decide(const std::vector<Member>& regs, const st
     (m.step >= 0 && m.prev_rank >= 0 && has(prev, m.id) ? holders : newcomers).push_back(m);
   }
   std::sort(holders.begin(), holders.end(), [](const Member& a, const Member& b) {
-    return a.step != b.step ? a.step > b.step : a.prev_rank < b.prev_rank;
+    // The least advanced first: a collective that completed on some ranks
+    // only (the last step before a loss) leaves the others one step behind,
+    // and their logs lack that step; going on from the step every survivor
+    // completed retrains it once, with every log line.
+    return a.step != b.step ? a.step < b.step : a.prev_rank < b.prev_rank;
   });
   // Newcomers run the job's config: the survivors' (the first world's
   // differences are the trainer's start-up check to name).

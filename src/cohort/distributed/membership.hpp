@@ -20,7 +20,8 @@
 // --min-nodes). Whoever first sees the rule hold writes the decision
 // (compare-and-set); everyone reads that one. A node counts only when all
 // its local ranks are in. Ranks are given in this order: the members of the
-// previous generation that hold the newest state (most steps), by their old
+// previous generation that hold state (the least advanced first: the step
+// every survivor completed), by their old
 // rank, then the newcomers by node and local rank, so rank 0 of a new world
 // holds the survivors' state when any survived.
 //

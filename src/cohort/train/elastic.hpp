@@ -10,7 +10,7 @@
 //   2. every process keeps its trainer's state at the last completed step
 //      (Trainer::handover);
 //   3. the members form the next world, its rank 0 being the survivor with
-//      the newest state;
+//      the state at the last step every survivor completed;
 //   4. a new Trainer in that world takes rank 0's state by broadcast and
 //      re-deals the rest of the epoch from the cursor to the new ranks; the
 //      global batch is unchanged (the per-rank share and accumulation absorb

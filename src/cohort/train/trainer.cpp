@@ -349,8 +349,9 @@ void Trainer::Parts::resume(const ResolvedCheckpoint& from) {
 }
 
 // Elastic: the new world goes on from the state rank 0 held in memory (the
-// most advanced survivor's) when it held one. Parameters, optimizer, step,
-// cursor, samples and loss scale come by broadcast; every survivor keeps its
+// least advanced survivor's: the step every survivor completed) when it
+// held one. Parameters, optimizer, step, cursor, samples and loss scale
+// come by broadcast; every survivor keeps its
 // own RNG stream, newcomers their seed-derived ones; data.balance = auto
 // measures the new world afresh. Collective.
 void Trainer::Parts::adopt_handover() {
