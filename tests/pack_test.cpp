@@ -48,6 +48,19 @@ Losses losses(cohort::BertForPretraining& model, const cohort::Example& batch) {
           F::cross_entropy(out.nsp_logits, batch.at("next_sentence_labels"), sum)};
 }
 
+// A tiny BERT over the tiny data's vocabulary, without dropout.
+cohort::BertConfig tiny_bert(int64_t layers, int64_t max_positions) {
+  cohort::BertConfig cfg;
+  cfg.vocab_size = 200;
+  cfg.hidden = 32;
+  cfg.layers = layers;
+  cfg.heads = 4;
+  cfg.intermediate = 64;
+  cfg.max_positions = max_positions;
+  cfg.hidden_dropout = cfg.attention_dropout = 0;
+  return cfg;
+}
+
 double max_abs(const torch::Tensor& t) { return t.abs().max().item<double>(); }
 
 }  // namespace
@@ -97,16 +110,8 @@ TEST(Pack, PackedBatchGivesTheSameLossesAndGradients) {
   auto batch = data.get_batch(first(24));
   auto packed = cohort::pack_bert_rows(batch, data.info().seq_len);
   ASSERT_LT(packed.at("input_ids").size(0), 24);
-  cohort::BertConfig cfg;
-  cfg.vocab_size = 200;
-  cfg.hidden = 32;
-  cfg.layers = 2;
-  cfg.heads = 4;
-  cfg.intermediate = 64;
-  cfg.max_positions = 128;
-  cfg.hidden_dropout = cfg.attention_dropout = 0;
   torch::manual_seed(3);
-  cohort::BertForPretraining model(cfg);
+  cohort::BertForPretraining model(tiny_bert(2, 128));
   auto grads = [&](const cohort::Example& b, Losses& l) {
     for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
     l = losses(model, b);
@@ -225,16 +230,8 @@ TEST(Pack, EdgeCasesAreKeptOrRefused) {
 // bf16 on the CPU writes attention out: an empty row (no key to attend to)
 // must stay finite there, packed or not, and packed still matches unpacked.
 TEST(Pack, Bf16AttentionStaysFiniteForAnEmptyRow) {
-  cohort::BertConfig cfg;
-  cfg.vocab_size = 200;
-  cfg.hidden = 32;
-  cfg.layers = 1;
-  cfg.heads = 4;
-  cfg.intermediate = 64;
-  cfg.max_positions = 32;
-  cfg.hidden_dropout = cfg.attention_dropout = 0;
   torch::manual_seed(5);
-  cohort::BertForPretraining model(cfg);
+  cohort::BertForPretraining model(tiny_bert(1, 32));
   auto b = hand_batch({9, 0, 5, 12}, 16);
   for (const auto& batch : {b, cohort::pack_bert_rows(b, 16)}) {
     cohort::BertOutputs out;
