@@ -3,6 +3,8 @@
 // in, its row, or the padding.
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include "cohort/model/dropout.hpp"
 
 using namespace cohort;
@@ -65,6 +67,72 @@ TEST(SampleDropout, TensorOpsGiveTheCpuKernelsBits) {
     auto x = torch::ones(shape);
     for (double p : {0.1, 0.5}) {
       EXPECT_TRUE(torch::equal(sample_keep_mask(x, p, 9), sample_keep_mask_tensor_ops(x, p, 9))) << shape.size() << " " << p;
+    }
+  }
+}
+
+namespace {
+
+// Two packed rows of 8: row 0 holds sample 1 (4 tokens) then sample 0 (3),
+// row 1 holds sample 2 (5); the rest is padding.
+struct PackedLayout {
+  std::vector<int64_t> length{3, 4, 5};
+  torch::Tensor seq = torch::tensor({1, 1, 1, 1, 0, 0, 0, -1, 2, 2, 2, 2, 2, -1, -1, -1}, torch::kInt64).view({2, 8});
+  torch::Tensor pos = torch::tensor({0, 1, 2, 3, 0, 1, 2, 0, 0, 1, 2, 3, 4, 0, 0, 0}, torch::kInt64).view({2, 8});
+  int64_t start(int64_t sample) const { return sample == 1 ? 0 : sample == 0 ? 4 : 8; }  // flat token index
+};
+
+}  // namespace
+
+// data.pack: a sample packed into a row with others keeps the mask it has
+// alone, for hidden states [R, L, H] and attention probabilities [R, A, L, L]
+// (whose key coordinate is the key's position within the sample).
+TEST(SampleDropout, PackedRowsKeepEachSamplesMask) {
+  const PackedLayout layout;
+  DropoutRows samples(3, 21, {40, 7, 13});
+  auto alone_hidden = sample_keep_mask(torch::ones({3, 6, 10}), 0.4, 2);
+  auto alone_probs = sample_keep_mask(torch::ones({3, 2, 6, 6}), 0.4, 1);
+  DropoutRows packed(samples, layout.seq, layout.pos);
+  auto hidden = sample_keep_mask(torch::ones({2, 8, 10}), 0.4, 2).view({16, 10});
+  auto probs = sample_keep_mask(torch::ones({2, 2, 8, 8}), 0.4, 1);
+  for (int64_t i = 0; i < 3; ++i) {
+    const int64_t s = layout.start(i), n = layout.length[static_cast<size_t>(i)], r = s / 8, off = s % 8;
+    EXPECT_TRUE(torch::equal(hidden.narrow(0, s, n), alone_hidden[i].narrow(0, 0, n))) << "sample " << i;
+    EXPECT_TRUE(torch::equal(probs[r].narrow(1, off, n).narrow(2, off, n), alone_probs[i].narrow(1, 0, n).narrow(2, 0, n)))
+        << "sample " << i;
+  }
+  // The device path gives the same bits, packed too.
+  for (auto shape : {std::vector<int64_t>{2, 8, 10}, {2, 3, 8, 8}}) {
+    auto x = torch::ones(shape);
+    EXPECT_TRUE(torch::equal(sample_keep_mask(x, 0.3, 5), sample_keep_mask_tensor_ops(x, 0.3, 5))) << shape.size();
+  }
+  // Other shapes are not packed rows.
+  EXPECT_THROW(sample_keep_mask(torch::ones({2, 7, 10}), 0.3, 5), std::exception);
+  EXPECT_THROW(sample_keep_mask(torch::ones({2, 10}), 0.3, 5), std::exception);
+  // Under the packed scope, a batch of samples is not its rows.
+  EXPECT_THROW(sample_keep_mask(torch::ones({3, 6, 10}), 0.3, 5), std::exception);
+}
+
+// The CPU's one-pass dropout (hash and scale together, hashed again in
+// backward) is x * mask / (1 - p) forward and g * mask / (1 - p) backward,
+// in fp32, bf16 and fp16, packed or not.
+TEST(SampleDropout, OnePassDropoutIsTheMaskTimesTheScale) {
+  const PackedLayout layout;
+  DropoutRows samples(8, 3, {4, 5, 6});
+  std::optional<DropoutRows> packed;
+  for (bool pack : {false, true}) {
+    if (pack) packed.emplace(samples, layout.seq, layout.pos);
+    for (auto shape : pack ? std::vector<std::vector<int64_t>>{{2, 8, 16}, {2, 4, 8, 8}}
+                           : std::vector<std::vector<int64_t>>{{3}, {3, 16}, {3, 8, 16}, {3, 4, 8, 8}}) {
+      for (auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
+        auto x = torch::randn(shape).to(dtype).requires_grad_(true);
+        auto g = torch::randn(shape).to(dtype);
+        auto y = sample_dropout(x, 0.3, 6, true);
+        y.backward(g);
+        auto mask = sample_keep_mask(x.detach(), 0.3, 6).to(dtype);
+        EXPECT_TRUE(torch::equal(y, x.detach() * mask * (1.0 / 0.7))) << pack << " " << shape.size() << " " << dtype;
+        EXPECT_TRUE(torch::equal(x.grad(), g * mask * (1.0 / 0.7))) << pack << " " << shape.size() << " " << dtype;
+      }
     }
   }
 }

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <set>
 
 #include "cohort/data/bert_shards.hpp"
 #include "cohort/model/bert.hpp"
+#include "cohort/model/dropout.hpp"
 #include "cohort/train/precision.hpp"
 #include "helpers.hpp"
 
@@ -103,6 +105,36 @@ TEST(Pack, RowsHoldEveryInstanceOnceWithoutCrossing) {
   for (const auto& [name, t] : packed) EXPECT_TRUE(t.equal(again.at(name))) << name;
 }
 
+namespace {
+
+// Losses and gradients of one forward and backward, under per-sample
+// dropout masks for samples 0..n-1 when `dropout_rows`.
+std::vector<torch::Tensor> grads_of(cohort::BertForPretraining& model, const cohort::Example& b, Losses& l,
+                                    bool dropout_rows) {
+  for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+  {
+    std::optional<cohort::DropoutRows> rows;
+    if (dropout_rows) rows.emplace(11, 4, first(b.at("next_sentence_labels").size(0)));
+    l = losses(model, b);
+  }
+  (l.mlm + l.nsp).backward();
+  std::vector<torch::Tensor> g;
+  for (auto& p : model->parameters()) g.push_back(p.grad().clone());
+  return g;
+}
+
+void expect_same(cohort::BertForPretraining& model, const Losses& a, const std::vector<torch::Tensor>& ga,
+                 const Losses& b, const std::vector<torch::Tensor>& gb) {
+  EXPECT_NEAR(a.mlm.item<double>(), b.mlm.item<double>(), 1e-5 * std::abs(a.mlm.item<double>()));
+  EXPECT_NEAR(a.nsp.item<double>(), b.nsp.item<double>(), 1e-5 * std::abs(a.nsp.item<double>()));
+  auto names = model->named_parameters().keys();
+  for (size_t i = 0; i < ga.size(); ++i) {
+    EXPECT_LE(max_abs(ga[i] - gb[i]), 1e-5 * std::max(1.0, max_abs(ga[i]))) << names[i];
+  }
+}
+
+}  // namespace
+
 // The packed batch computes what the unpacked one does: the same MLM and NSP
 // loss sums and the same gradients (fp32, within 1e-5).
 TEST(Pack, PackedBatchGivesTheSameLossesAndGradients) {
@@ -112,22 +144,9 @@ TEST(Pack, PackedBatchGivesTheSameLossesAndGradients) {
   ASSERT_LT(packed.at("input_ids").size(0), 24);
   torch::manual_seed(3);
   cohort::BertForPretraining model(tiny_bert(2, 128));
-  auto grads = [&](const cohort::Example& b, Losses& l) {
-    for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
-    l = losses(model, b);
-    (l.mlm + l.nsp).backward();
-    std::vector<torch::Tensor> g;
-    for (auto& p : model->parameters()) g.push_back(p.grad().clone());
-    return g;
-  };
   Losses a, b;
-  auto ga = grads(batch, a), gb = grads(packed, b);
-  EXPECT_NEAR(a.mlm.item<double>(), b.mlm.item<double>(), 1e-5 * std::abs(a.mlm.item<double>()));
-  EXPECT_NEAR(a.nsp.item<double>(), b.nsp.item<double>(), 1e-5 * std::abs(a.nsp.item<double>()));
-  auto names = model->named_parameters().keys();
-  for (size_t i = 0; i < ga.size(); ++i) {
-    EXPECT_LE(max_abs(ga[i] - gb[i]), 1e-5 * std::max(1.0, max_abs(ga[i]))) << names[i];
-  }
+  auto ga = grads_of(model, batch, a, false), gb = grads_of(model, packed, b, false);
+  expect_same(model, a, ga, b, gb);
   // And a contaminated packing would not: attention across instances changes them.
   auto leaky = packed;
   leaky["seq_ids"] = packed.at("seq_ids").ge(0).to(torch::kInt64);
@@ -135,13 +154,36 @@ TEST(Pack, PackedBatchGivesTheSameLossesAndGradients) {
   EXPECT_GT(std::abs(c.mlm.item<double>() - a.mlm.item<double>()), 1e-3);
 }
 
+// With dropout on (every site: embeddings, attention probabilities, both
+// residual outputs), per-sample masks follow each instance into its packed
+// row: the same losses and gradients again.
+TEST(Pack, PerSampleDropoutMasksFollowInstancesIntoPackedRows) {
+  cohort::BertShards data(tiny_data(), "train");
+  auto batch = data.get_batch(first(24));
+  auto packed = cohort::pack_bert_rows(batch, data.info().seq_len);
+  auto cfg = tiny_bert(2, 128);
+  cfg.hidden_dropout = 0.1;
+  cfg.attention_dropout = 0.2;
+  torch::manual_seed(3);
+  cohort::BertForPretraining model(cfg);
+  model->train();
+  Losses a, b, off;
+  auto ga = grads_of(model, batch, a, true), gb = grads_of(model, packed, b, true);
+  expect_same(model, a, ga, b, gb);
+  // Dropout did act: without it the loss is another.
+  model->eval();
+  grads_of(model, batch, off, true);
+  EXPECT_GT(std::abs(off.mlm.item<double>() - a.mlm.item<double>()), 1e-3);
+}
+
 // A run with data.pack trains as one without: the same loss curve on one
-// rank, and on two.
+// rank, and on two, with dropout on (per-sample masks follow each instance
+// into its packed row).
 TEST(Pack, TrainingWithPackKeepsTheLossCurveAtAnyWorldSize) {
   TempDir tmp;
   const std::string args = " train --train.task bert-pretrain --model.name bert --model.hidden 32 --model.layers 2 "
-                           "--model.heads 4 --model.intermediate 64 --model.max-positions 128 --model.dropout 0 "
-                           "--model.attention-dropout 0 --data.global-batch 16 --train.max-steps 6 "
+                           "--model.heads 4 --model.intermediate 64 --model.max-positions 128 --model.dropout 0.1 "
+                           "--model.attention-dropout 0.1 --data.global-batch 16 --train.max-steps 6 "
                            "--log.every-steps 1 --quiet --data.path " + tiny_data();
   auto plain = run_cohort(args + " --out " + (tmp / "plain"));
   auto packed = run_cohort(args + " --data.pack --out " + (tmp / "packed"));
@@ -172,14 +214,11 @@ TEST(Pack, TrainingWithPackKeepsTheLossCurveAtAnyWorldSize) {
   }
 }
 
-TEST(Pack, IsForBertPretrainingWithoutPerSampleDropout) {
+TEST(Pack, IsForBertPretraining) {
   auto image = run_cohort("train --out /tmp/unused --data.pack");
   EXPECT_EQ(image.code, 2);
   EXPECT_NE(image.err.find("data.pack"), std::string::npos) << image.err;
   EXPECT_NE(image.err.find("bert-pretrain"), std::string::npos) << image.err;
-  auto rng = run_cohort("train --out /tmp/unused --train.task bert-pretrain --model.name bert --data.pack");
-  EXPECT_EQ(rng.code, 2);
-  EXPECT_NE(rng.err.find("model.dropout-rng = rank"), std::string::npos) << rng.err;
 }
 
 namespace {

@@ -510,9 +510,6 @@ void validate(const Config& c) {
   require(c.data.prefetch >= 1, "data.prefetch", c.data.prefetch, "must be >= 1");
   require(c.data.bucket >= 0, "data.bucket", c.data.bucket, "must be >= 0");
   require(!c.data.pack || c.train.task == "bert-pretrain", "data.pack", "true", "is for train.task bert-pretrain");
-  require(!c.data.pack || c.model.dropout_rng == DropoutRng::kRank ||
-              (c.model.dropout == 0 && c.model.attention_dropout == 0),
-          "data.pack", "true", "needs model.dropout-rng = rank while dropout is on (per-sample masks are per row)");
   for (double w : c.data.balance_weights) {
     require(std::isfinite(w) && w > 0, "data.balance-weights", w, "must all be > 0");
   }

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
@@ -202,6 +203,11 @@ TORCH_MODULE(Cls);
 torch::Tensor encode_with(Bert& bert, const torch::Tensor& input_ids, const torch::Tensor& segment_ids,
                           const torch::Tensor& input_mask, const torch::Tensor& position_ids = {},
                           const torch::Tensor& seq_ids = {}) {
+  // Packed rows: each token's per-sample dropout masks are its own sample's.
+  std::optional<DropoutRows> packed_rows;
+  if (seq_ids.defined() && DropoutRows::current() != nullptr) {
+    packed_rows.emplace(*DropoutRows::current(), seq_ids, position_ids);
+  }
   auto x = bert->embeddings(input_ids, segment_ids, position_ids);
   // Padding keys are masked out for every head and query; packed rows keep
   // each query among its own instance's keys (block-diagonal; padding

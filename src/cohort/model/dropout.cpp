@@ -1,7 +1,9 @@
 #include "cohort/model/dropout.hpp"
 
 #include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <torch/autograd.h>
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/random.hpp"
@@ -21,50 +23,175 @@ DropoutRows::DropoutRows(uint64_t seed, int64_t step, const std::vector<int64_t>
   innermost = this;
 }
 
+DropoutRows::DropoutRows(const DropoutRows& samples, const torch::Tensor& seq_ids, const torch::Tensor& position_ids)
+    : keys_(samples.keys_), outer_(innermost) {
+  COHORT_CHECK(seq_ids.dim() == 2 && position_ids.sizes() == seq_ids.sizes(), Error,
+               "packed dropout rows need seq_ids and position_ids of one [R, L] shape");
+  rows_ = seq_ids.size(0);
+  width_ = seq_ids.size(1);
+  auto seq = seq_ids.to(torch::kCPU, torch::kInt64).contiguous();
+  auto pos = position_ids.to(torch::kCPU, torch::kInt64).contiguous();
+  const int64_t* s = seq.data_ptr<int64_t>();
+  const int64_t* q = pos.data_ptr<int64_t>();
+  const auto tokens = static_cast<size_t>(seq.numel());
+  token_keys_.resize(tokens);
+  token_positions_.assign(q, q + tokens);
+  for (size_t i = 0; i < tokens; ++i) {
+    COHORT_CHECK(s[i] < static_cast<int64_t>(keys_.size()), Error, "packed dropout rows: token ", i, " is of sample ",
+                 s[i], " of ", keys_.size());
+    // Padding: any key will do, since no real token reads its outputs.
+    token_keys_[i] = s[i] >= 0 ? keys_[static_cast<size_t>(s[i])] : splitmix64(i ^ 0xFADull);
+  }
+  innermost = this;
+}
+
 DropoutRows::~DropoutRows() { innermost = outer_; }
 
 const DropoutRows* DropoutRows::current() { return innermost; }
 
 namespace {
 
-void check_rows(const torch::Tensor& x, const DropoutRows* rows) {
+const DropoutRows& rows_for(const torch::Tensor& x) {
+  const DropoutRows* rows = DropoutRows::current();
   COHORT_CHECK(rows != nullptr, Error, "sample dropout needs a DropoutRows scope");
-  COHORT_CHECK(x.dim() >= 1 && x.size(0) == static_cast<int64_t>(rows->keys().size()), Error,
-               "sample dropout: a batch of ", x.dim() ? x.size(0) : 0, " rows under ", rows->keys().size(),
-               " row keys");
+  COHORT_CHECK(x.dim() >= 1 && x.size(0) == rows->rows(), Error, "sample dropout: a batch of ", x.dim() ? x.size(0) : 0,
+               " rows under ", rows->rows(), " row keys");
+  if (rows->packed()) {
+    const int64_t l = rows->width();
+    COHORT_CHECK((x.dim() == 3 && x.size(1) == l) || (x.dim() == 4 && x.size(2) == l && x.size(3) == l), Error,
+                 "sample dropout on packed rows of ", l, " tokens takes [R, L, H] or [R, A, L, L], not ", x.sizes());
+  }
+  return *rows;
 }
 
 // Keep when the top 24 bits are >= p * 2^24.
 uint64_t keep_threshold(double p) { return static_cast<uint64_t>(p * 16777216.0 + 0.5); }
 uint64_t site_key(uint64_t site) { return splitmix64(site + 0x5173ull); }
 
-// The CPU kernel: one pass, rows in parallel.
-torch::Tensor keep_mask_cpu(const torch::Tensor& x, const DropoutRows& rows, double p, uint64_t site) {
-  auto mask = torch::empty(x.sizes(), torch::TensorOptions().dtype(torch::kBool));
-  if (mask.numel() == 0) return mask;
-  const int64_t cols = x.dim() >= 2 ? x.size(-1) : 1;
-  const int64_t lines = mask.numel() / cols;
-  const int64_t per_row = lines / x.size(0);
-  // The coordinates of every dimension between the row and the last.
-  std::vector<int64_t> middle;
-  for (int64_t d = 1; d + 1 < x.dim(); ++d) middle.push_back(x.size(d));
-  const uint64_t threshold = keep_threshold(p), salt = site_key(site);
-  const uint64_t* keys = rows.keys().data();
-  bool* out = mask.data_ptr<bool>();
-  at::parallel_for(0, lines, std::max<int64_t>(1, 16384 / cols), [&](int64_t begin, int64_t end) {
-    for (int64_t line = begin; line < end; ++line) {
+// A mask is laid out in lines along x's last dimension. Element c of a line
+// is kept when splitmix64(seed + c - shift) clears the threshold: the seed
+// hashes the sample's key with every coordinate but the last, and the shift
+// (packed attention only) is where the line's sample starts in its row.
+struct Lines {
+  torch::Tensor seeds;   // int64 [lines]
+  torch::Tensor shifts;  // int64 [lines], or empty: none
+  int64_t cols = 1;
+};
+
+Lines lines_of(const torch::Tensor& x, const DropoutRows& rows, uint64_t site) {
+  Lines out;
+  out.cols = x.dim() >= 2 ? x.size(-1) : 1;
+  const int64_t lines = out.cols > 0 ? x.numel() / out.cols : 0;
+  out.seeds = torch::empty({lines}, torch::kInt64);
+  auto* seed = reinterpret_cast<uint64_t*>(out.seeds.data_ptr<int64_t>());
+  const uint64_t salt = site_key(site);
+  if (!rows.packed()) {
+    // The coordinates of every dimension between the row and the last.
+    std::vector<int64_t> middle;
+    for (int64_t d = 1; d + 1 < x.dim(); ++d) middle.push_back(x.size(d));
+    const int64_t per_row = x.size(0) > 0 ? lines / x.size(0) : 0;
+    for (int64_t line = 0; line < lines; ++line) {
       int64_t row = line / per_row, rest = line % per_row;
-      uint64_t h = splitmix64(keys[row] ^ salt);
+      uint64_t h = splitmix64(rows.keys()[static_cast<size_t>(row)] ^ salt);
       for (size_t d = middle.size(); d-- > 0;) {  // innermost-but-one first
         h = splitmix64(h + static_cast<uint64_t>(rest % middle[d]));
         rest /= middle[d];
       }
-      bool* o = out + line * cols;
-      for (int64_t c = 0; c < cols; ++c) o[c] = (splitmix64(h + static_cast<uint64_t>(c)) >> 40) >= threshold;
+      seed[line] = h;
+    }
+    return out;
+  }
+  // Packed: [R, L, H] lines are tokens; [R, A, L, L] lines are (head, query
+  // token), and a key column's coordinate is its position in the query's sample.
+  const int64_t l = rows.width(), heads = x.dim() == 4 ? x.size(1) : 1;
+  const uint64_t* key = rows.token_keys().data();
+  const int64_t* pos = rows.token_positions().data();
+  int64_t* shift = nullptr;
+  if (x.dim() == 4) {
+    out.shifts = torch::empty({lines}, torch::kInt64);
+    shift = out.shifts.data_ptr<int64_t>();
+  }
+  for (int64_t line = 0; line < lines; ++line) {
+    const int64_t t = line % l, head = (line / l) % heads, token = (line / (l * heads)) * l + t;
+    uint64_t h = splitmix64(splitmix64(key[token] ^ salt) + static_cast<uint64_t>(pos[token]));
+    if (shift != nullptr) {
+      h = splitmix64(h + static_cast<uint64_t>(head));
+      shift[line] = t - pos[token];
+    }
+    seed[line] = h;
+  }
+  return out;
+}
+
+// The scale of each element of one line: keep ? scale : 0. The hashing is
+// most of dropout's cost; compiled for AVX-512 and AVX2 as well, picked at
+// load time where the CPU has them, so that its 64-bit multiplies vectorise.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+void line_scales(float* out, int64_t cols, uint64_t h, uint64_t threshold, float scale) {
+  for (int64_t c = 0; c < cols; ++c) {
+    out[c] = (splitmix64(h + static_cast<uint64_t>(c)) >> 40) >= threshold ? scale : 0.0f;
+  }
+}
+
+// f(i, k, n): elements i .. i+n-1 (one line, or a block of one) have scales
+// k[0 .. n-1]; lines in parallel.
+template <class F>
+void for_each_scaled(const Lines& lines, double p, float scale, F&& f) {
+  const int64_t n = lines.seeds.numel(), cols = lines.cols;
+  const uint64_t threshold = keep_threshold(p);
+  const auto* seed = reinterpret_cast<const uint64_t*>(lines.seeds.data_ptr<int64_t>());
+  const int64_t* shift = lines.shifts.defined() && lines.shifts.numel() > 0 ? lines.shifts.data_ptr<int64_t>() : nullptr;
+  constexpr int64_t kBlock = 512;
+  at::parallel_for(0, n, std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)), [&](int64_t begin, int64_t end) {
+    float k[kBlock];
+    for (int64_t line = begin; line < end; ++line) {
+      const uint64_t h = seed[line] - static_cast<uint64_t>(shift != nullptr ? shift[line] : 0);
+      for (int64_t c0 = 0; c0 < cols; c0 += kBlock) {
+        const int64_t m = std::min(kBlock, cols - c0);
+        line_scales(k, m, h + static_cast<uint64_t>(c0), threshold, scale);
+        f(line * cols + c0, k, m);
+      }
     }
   });
-  return mask;
 }
+
+// x * (keep / (1 - p)), in x's dtype (the product in its opmath type, as
+// x * mask * scale computes it).
+torch::Tensor masked_scale(const torch::Tensor& x_in, const Lines& lines, double p) {
+  auto x = x_in.contiguous();
+  auto out = torch::empty_like(x);
+  if (x.numel() == 0) return out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(torch::kBFloat16, torch::kHalf, x.scalar_type(), "sample_dropout", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* in = x.const_data_ptr<scalar_t>();
+    scalar_t* o = out.data_ptr<scalar_t>();
+    for_each_scaled(lines, p, static_cast<float>(1.0 / (1.0 - p)), [&](int64_t i, const float* k, int64_t n) {
+      for (int64_t c = 0; c < n; ++c) o[i + c] = static_cast<scalar_t>(static_cast<acc_t>(in[i + c]) * k[c]);
+    });
+  });
+  return out;
+}
+
+// Dropout on the CPU: the forward hashes and scales in one pass; the backward
+// hashes again (the lines' seeds are all it keeps).
+struct SampleDropoutFunction : torch::autograd::Function<SampleDropoutFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& seeds, const torch::Tensor& shifts, int64_t cols, double p) {
+    ctx->save_for_backward({seeds, shifts});
+    ctx->saved_data["cols"] = cols;
+    ctx->saved_data["p"] = p;
+    return masked_scale(x, Lines{seeds, shifts, cols}, p);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    auto saved = ctx->get_saved_variables();
+    Lines lines{saved[0], saved[1], ctx->saved_data["cols"].toInt()};
+    torch::Tensor dx = grad[0].defined() ? masked_scale(grad[0], lines, ctx->saved_data["p"].toDouble()) : grad[0];
+    return {dx, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
 
 // splitmix64 on int64 tensors (wrapping arithmetic, logical shifts).
 torch::Tensor shift_right(const torch::Tensor& x, int k) {
@@ -77,38 +204,62 @@ torch::Tensor mix(torch::Tensor x) {
   return torch::bitwise_xor(x, shift_right(x, 31));
 }
 
+torch::Tensor host_int64(const void* data, int64_t n, const torch::TensorOptions& opts) {
+  return torch::from_blob(const_cast<void*>(data), {n}, torch::kInt64).to(opts);
+}
+
 }  // namespace
 
 torch::Tensor sample_keep_mask_tensor_ops(const torch::Tensor& x, double p, uint64_t site) {
-  const DropoutRows* rows = DropoutRows::current();
-  check_rows(x, rows);
+  const DropoutRows& rows = rows_for(x);
   auto opts = torch::TensorOptions().dtype(torch::kInt64).device(x.device());
   const int64_t dims = x.dim();
-  std::vector<int64_t> shape(static_cast<size_t>(dims), 1);
-  shape[0] = x.size(0);
-  auto keys = torch::from_blob(const_cast<uint64_t*>(rows->keys().data()), {x.size(0)}, torch::kInt64).to(opts);
-  auto h = mix(torch::bitwise_xor(keys.view(shape), static_cast<int64_t>(site_key(site))));
   auto along = [&](int64_t d) {  // 0..size-1 along dimension d
     std::vector<int64_t> s(static_cast<size_t>(dims), 1);
     s[static_cast<size_t>(d)] = x.size(d);
     return torch::arange(x.size(d), opts).view(s);
   };
-  for (int64_t d = dims - 2; d >= 1; --d) h = mix(h + along(d));
-  h = mix(dims >= 2 ? h + along(dims - 1) : h);
+  const auto salt = static_cast<int64_t>(site_key(site));
+  torch::Tensor h;
+  if (rows.packed()) {
+    const int64_t r = rows.rows(), l = rows.width();
+    const std::vector<int64_t> token_shape = dims == 3 ? std::vector<int64_t>{r, l, 1} : std::vector<int64_t>{r, 1, l, 1};
+    auto keys = host_int64(rows.token_keys().data(), r * l, opts).view(token_shape);
+    auto pos = host_int64(rows.token_positions().data(), r * l, opts).view(token_shape);
+    h = mix(mix(torch::bitwise_xor(keys, salt)) + pos);
+    if (dims == 4) h = mix(h + along(1)) - (along(2) - pos);  // the shift: where the query's sample starts
+    h = mix(h + along(dims - 1));
+  } else {
+    std::vector<int64_t> shape(static_cast<size_t>(dims), 1);
+    shape[0] = x.size(0);
+    auto keys = host_int64(rows.keys().data(), x.size(0), opts).view(shape);
+    h = mix(torch::bitwise_xor(keys, salt));
+    for (int64_t d = dims - 2; d >= 1; --d) h = mix(h + along(d));
+    h = mix(dims >= 2 ? h + along(dims - 1) : h);
+  }
   return shift_right(h, 40).ge(static_cast<int64_t>(keep_threshold(p)));
 }
 
 torch::Tensor sample_keep_mask(const torch::Tensor& x, double p, uint64_t site) {
   if (!x.device().is_cpu()) return sample_keep_mask_tensor_ops(x, p, site);
-  const DropoutRows* rows = DropoutRows::current();
-  check_rows(x, rows);
-  return keep_mask_cpu(x, *rows, p, site);
+  const Lines lines = lines_of(x, rows_for(x), site);
+  auto mask = torch::empty(x.sizes(), torch::TensorOptions().dtype(torch::kBool));
+  bool* out = mask.data_ptr<bool>();
+  if (mask.numel() > 0) {
+    for_each_scaled(lines, p, 1.0f, [&](int64_t i, const float* k, int64_t n) {
+      for (int64_t c = 0; c < n; ++c) out[i + c] = k[c] != 0.0f;
+    });
+  }
+  return mask;
 }
 
 torch::Tensor sample_dropout(const torch::Tensor& x, double p, uint64_t site, bool training) {
   if (!training || p <= 0) return x;
   if (DropoutRows::current() == nullptr) return torch::dropout(x, p, /*train=*/true);
-  return x * sample_keep_mask(x, p, site).to(x.scalar_type()) * (1.0 / (1.0 - p));
+  if (!x.device().is_cpu()) return x * sample_keep_mask_tensor_ops(x, p, site).to(x.scalar_type()) * (1.0 / (1.0 - p));
+  Lines lines = lines_of(x, rows_for(x), site);
+  return SampleDropoutFunction::apply(x, lines.seeds, lines.shifts.defined() ? lines.shifts : torch::empty({0}, torch::kInt64),
+                                      lines.cols, p);
 }
 
 }  // namespace cohort

@@ -2,13 +2,18 @@
 //
 // Dropout whose masks do not depend on which rank computes a sample
 // (model.dropout-rng = sample). An element's keep bit is a counter-based
-// hash of its row's key, the layer's site number and the element's
-// coordinates. The trainer sets the row keys for the micro-batch it runs
-// (DropoutRows): each is a hash of (train.seed, step, sample id). The
-// coordinates are hashed one dimension at a time, so padding a sequence
-// longer or shorter moves no real element's mask. The loss of a step is
-// then the same on any world size and any split of the global batch, up to
-// floating-point reduction order.
+// hash of its sample's key, the layer's site number and the element's
+// coordinates within the sample. The trainer sets the sample keys for the
+// micro-batch it runs (DropoutRows): each is a hash of (train.seed, step,
+// sample id). The coordinates are hashed one dimension at a time, so padding
+// a sequence longer or shorter moves no real element's mask, and a sample
+// packed into a row with others (data.pack) keeps the mask it has alone:
+// there a token's coordinates are its position within its own sample. The
+// loss of a step is then the same on any world size, any split of the global
+// batch and packed or not, up to floating-point reduction order.
+//
+// On the CPU, dropout is one pass that hashes and scales together, and its
+// backward hashes again instead of keeping a mask.
 //
 // With no DropoutRows in scope (model.dropout-rng = rank, or a model run
 // outside the trainer) masks come from torch's generator, as nn::Dropout's.
@@ -23,10 +28,15 @@
 
 namespace cohort {
 
-// The row keys of the batch the current thread runs; nests.
+// The sample keys of the batch the current thread runs; nests.
 class DropoutRows {
  public:
+  // Row b of every batch tensor is sample_ids[b].
   DropoutRows(uint64_t seed, int64_t step, const std::vector<int64_t>& sample_ids);
+  // Packed rows (data.pack): token (r, t) is position position_ids[r, t] of
+  // the sample samples.keys()[seq_ids[r, t]], or padding where seq_ids < 0.
+  // seq_ids and position_ids are [R, L], on any device.
+  DropoutRows(const DropoutRows& samples, const torch::Tensor& seq_ids, const torch::Tensor& position_ids);
   ~DropoutRows();
   DropoutRows(const DropoutRows&) = delete;
   DropoutRows& operator=(const DropoutRows&) = delete;
@@ -35,15 +45,28 @@ class DropoutRows {
   static const DropoutRows* current();
   const std::vector<uint64_t>& keys() const { return keys_; }
 
+  bool packed() const { return width_ > 0; }
+  int64_t rows() const { return packed() ? rows_ : static_cast<int64_t>(keys_.size()); }
+  int64_t width() const { return width_; }  // packed: L
+  // Packed: each token's sample key and position within its sample, [R*L].
+  const std::vector<uint64_t>& token_keys() const { return token_keys_; }
+  const std::vector<int64_t>& token_positions() const { return token_positions_; }
+
  private:
   std::vector<uint64_t> keys_;
+  std::vector<uint64_t> token_keys_;
+  std::vector<int64_t> token_positions_;
+  int64_t rows_ = 0, width_ = 0;
   const DropoutRows* outer_;
 };
 
 // Drops elements of x [B, ...] with probability p and scales the rest by
-// 1 / (1 - p) (in x's dtype, as torch::dropout); the identity when !training or p == 0. Under DropoutRows,
-// row b's mask is keyed by keys()[b] and `site` (which must differ between
-// the dropout calls of one forward); x.size(0) must be the number of keys.
+// 1 / (1 - p) (in x's dtype, as torch::dropout); the identity when !training
+// or p == 0. Under DropoutRows, row b's mask is keyed by keys()[b] and `site`
+// (which must differ between the dropout calls of one forward); x.size(0)
+// must be the number of keys. Under packed DropoutRows, x is [R, L, H] (hidden
+// states) or [R, A, L, L] (attention probabilities, whose last coordinate is
+// then the key's position within the query's sample).
 torch::Tensor sample_dropout(const torch::Tensor& x, double p, uint64_t site, bool training);
 
 // The keep mask sample_dropout applies: bool, x's shape, on x's device.

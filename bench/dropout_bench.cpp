@@ -1,0 +1,64 @@
+// Dropout alone, forward and backward: libtorch's (torch::dropout, masks from
+// the generator) beside Cohort's per-sample masks (model/dropout.hpp), on
+// bert-mini's two dropout shapes, interleaved, median of the rounds.
+//
+//   build/bench/dropout_bench --threads 2 --rounds 15 [--precision bf16]
+// prints one JSON line per shape: milliseconds per forward+backward of each,
+// and the ratio.
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <numeric>
+
+#include "cohort/model/dropout.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"dropout forward+backward: libtorch's against per-sample masks"};
+  int threads = 2, rounds = 15;
+  int64_t batch = 32, seq = 128, hidden = 256, heads = 4;
+  std::string precision = "fp32";
+  app.add_option("--threads", threads)->capture_default_str();
+  app.add_option("--rounds", rounds)->capture_default_str();
+  app.add_option("--batch", batch)->capture_default_str();
+  app.add_option("--seq", seq)->capture_default_str();
+  app.add_option("--hidden", hidden)->capture_default_str();
+  app.add_option("--heads", heads)->capture_default_str();
+  app.add_option("--precision", precision, "fp32 | bf16")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  torch::set_num_threads(threads);
+  const auto dtype = precision == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  std::vector<int64_t> ids(static_cast<size_t>(batch));
+  std::iota(ids.begin(), ids.end(), 0);
+  for (auto shape : {std::vector<int64_t>{batch, seq, hidden}, {batch, heads, seq, seq}}) {
+    auto x = torch::randn(shape).to(dtype).requires_grad_(true);
+    auto g = torch::randn(shape).to(dtype);
+    auto time = [&](bool sample) {
+      auto t0 = std::chrono::steady_clock::now();
+      {
+        std::optional<cohort::DropoutRows> rows;
+        if (sample) rows.emplace(1, 0, ids);
+        cohort::sample_dropout(x, 0.1, 3, true).backward(g);
+      }
+      x.mutable_grad() = torch::Tensor();
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    };
+    std::vector<double> libtorch, sample;
+    for (int r = 0; r < rounds + 2; ++r) {  // two warm-up rounds
+      double a = time(false), b = time(true);
+      if (r >= 2) libtorch.push_back(a), sample.push_back(b);
+    }
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    double ml = median(libtorch), ms = median(sample);
+    std::printf("{\"shape\": \"%s\", \"precision\": \"%s\", \"libtorch_ms\": %.3f, \"sample_ms\": %.3f, "
+                "\"sample_over_libtorch\": %.3f, \"ns_per_element\": %.3f}\n",
+                shape.size() == 3 ? "[B,L,H]" : "[B,A,L,L]", precision.c_str(), ml, ms, ms / ml,
+                ms * 1e6 / static_cast<double>(x.numel()));
+  }
+  return 0;
+}
