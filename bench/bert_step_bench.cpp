@@ -107,8 +107,9 @@ int main(int argc, char** argv) {
   int profile = 0;
   app.add_option("--profile", profile, "print the top N ops by self time per step (on stderr), over the steady "
                  "steps; 0: off");
-  std::string device_name = "cpu", dropout_rng = "rank";
-  app.add_option("--dropout-rng", dropout_rng, "sample | rank | both (alternating)")->capture_default_str();
+  std::string device_name = "cpu", dropout_rng = "sample";
+  app.add_option("--dropout-rng", dropout_rng, "sample (model.dropout-rng's default) | rank | both (alternating)")
+      ->capture_default_str();
   double peak_tflops = 0;
   app.add_option("--device", device_name, "cpu | cuda")->capture_default_str();
   app.add_option("--peak-tflops", peak_tflops, "the device's dense peak at --precision, for MFU; 0: not printed");

@@ -17,7 +17,8 @@ With --data the bench also measures this CPU's matmul peak (torch.matmul of
 2048x2048 at each precision on the same threads) and prints the model FLOPs
 Cohort packed reaches on real tokens (encoder matrices per token, attention
 per instance, decoder per prediction) as a share of the bf16 peak (MFU).
-All three: AdamW, global-norm clipping, dropout 0.1. Batches are synthetic and
+All three: AdamW, global-norm clipping, dropout 0.1 (Cohort's masks per
+sample, its default model.dropout-rng; PyTorch's from torch's generator). Batches are synthetic and
 full length (every token real), or with --data DIR the same rows of DIR's
 train shards on every side, in file order, trimmed to each batch's longest
 row (vocabulary, length and predictions from the data). tokens/s counts real

@@ -67,7 +67,7 @@ bench() {  # name hidden layers heads batch
   local name=$1 h=$2 l=$3 heads=$4 b=$5
   local shape="--hidden $h --layers $l --heads $heads --intermediate $((4 * h)) --seq 128 --predictions 20 --batch $b"
   local c p
-  c=$("$build/bench/bert_step_bench" $shape --steps 40 --precision bf16 --device cuda --peak-tflops "$peak")
+  c=$("$build/bench/bert_step_bench" $shape --steps 40 --precision bf16 --device cuda --dropout-rng rank --peak-tflops "$peak")
   p=$("$py" bench/peers/bert_pretrain.py $shape --steps 40 --precision bf16 --device cuda --model hf)
   "$py" - "$name" "$b" "$c" "$p" <<'PY'
 import json, sys

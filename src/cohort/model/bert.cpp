@@ -221,7 +221,7 @@ torch::Tensor encode_with(Bert& bert, const torch::Tensor& input_ids, const torc
                           const torch::Tensor& seq_ids = {}) {
   // Packed rows: each token's per-sample dropout masks are its own sample's.
   std::optional<DropoutRows> packed_rows;
-  if (seq_ids.defined() && DropoutRows::current() != nullptr) {
+  if (seq_ids.defined() && bert->is_training() && DropoutRows::current() != nullptr) {
     packed_rows.emplace(*DropoutRows::current(), seq_ids, position_ids);
   }
   auto x = bert->embeddings(input_ids, segment_ids, position_ids);
