@@ -18,7 +18,8 @@ With --data the bench also measures this CPU's matmul peak (torch.matmul of
 Cohort packed reaches on real tokens (encoder matrices per token, attention
 per instance, decoder per prediction) as a share of the bf16 peak (MFU).
 All three: AdamW, global-norm clipping, dropout 0.1 (Cohort's masks per
-sample, its default model.dropout-rng; PyTorch's from torch's generator). Batches are synthetic and
+sample, its default model.dropout-rng, or with --cohort-dropout-rng rank from
+torch's generator as PyTorch's). Batches are synthetic and
 full length (every token real), or with --data DIR the same rows of DIR's
 train shards on every side, in file order, trimmed to each batch's longest
 row (vocabulary, length and predictions from the data). tokens/s counts real
@@ -26,6 +27,7 @@ tokens.
 
 Usage: /opt/cohort/venv/bin/python3 bench/bert_vs_pytorch.py [--build build] [--rounds 3]
            [--threads 2] [--hidden 256 --layers 4 --heads 4 --seq 128 --batch 16] [--data data/gcide]
+           [--cohort-dropout-rng sample|rank]
 """
 import argparse
 import json
@@ -71,6 +73,8 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--precisions", default="fp32,bf16")
     ap.add_argument("--data", default="", help="shards from cohort prepare; default: synthetic batches")
+    ap.add_argument("--cohort-dropout-rng", default="sample",
+                    help="Cohort's dropout masks: sample (its default) or rank (torch's generator, as the peers)")
     args = ap.parse_args()
     shape = ["--hidden", str(args.hidden), "--layers", str(args.layers), "--heads", str(args.heads),
              "--batch", str(args.batch), "--steps", str(args.steps), "--threads", str(args.threads)]
@@ -80,7 +84,7 @@ def main():
         shape += ["--data", args.data, "--vocab", str(manifest["vocab_size"]),
                   "--predictions", str(manifest["max_predictions"])]
     shape += ["--seq", str(args.seq)]
-    cohort = [os.path.join(args.build, "bench", "bert_step_bench")] + shape
+    cohort = [os.path.join(args.build, "bench", "bert_step_bench"), "--dropout-rng", args.cohort_dropout_rng] + shape
     peer = [sys.executable, os.path.join(ROOT, "bench", "peers", "bert_pretrain.py")] + shape
     import torch
     print("BERT H=%d L=%d A=%d S=%d batch %d, %d thread(s), %s, torch %s, median of %d interleaved rounds, "

@@ -3,6 +3,8 @@
 // in, its row, or the padding.
 #include <gtest/gtest.h>
 
+#include <torch/autograd.h>
+
 #include <optional>
 
 #include "cohort/model/dropout.hpp"
@@ -63,7 +65,8 @@ TEST(SampleDropout, WithoutRowsItIsTorchsDropout) {
 // Off the CPU the mask comes from tensor ops on the device: the same bits.
 TEST(SampleDropout, TensorOpsGiveTheCpuKernelsBits) {
   DropoutRows rows(5, 77, {3, 1000000007, 12});
-  for (auto shape : {std::vector<int64_t>{3}, {3, 33}, {3, 7, 19}, {3, 2, 5, 9}}) {
+  // (700 columns: the CPU pass hashes a line in blocks of 512.)
+  for (auto shape : {std::vector<int64_t>{3}, {3, 33}, {3, 7, 19}, {3, 2, 5, 9}, {3, 2, 700}}) {
     auto x = torch::ones(shape);
     for (double p : {0.1, 0.5}) {
       EXPECT_TRUE(torch::equal(sample_keep_mask(x, p, 9), sample_keep_mask_tensor_ops(x, p, 9))) << shape.size() << " " << p;
@@ -123,7 +126,7 @@ TEST(SampleDropout, OnePassDropoutIsTheMaskTimesTheScale) {
   for (bool pack : {false, true}) {
     if (pack) packed.emplace(samples, layout.seq, layout.pos);
     for (auto shape : pack ? std::vector<std::vector<int64_t>>{{2, 8, 16}, {2, 4, 8, 8}}
-                           : std::vector<std::vector<int64_t>>{{3}, {3, 16}, {3, 8, 16}, {3, 4, 8, 8}}) {
+                           : std::vector<std::vector<int64_t>>{{3}, {3, 16}, {3, 8, 16}, {3, 4, 8, 8}, {3, 2, 700}}) {
       for (auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
         auto x = torch::randn(shape).to(dtype).requires_grad_(true);
         auto g = torch::randn(shape).to(dtype);
@@ -135,4 +138,33 @@ TEST(SampleDropout, OnePassDropoutIsTheMaskTimesTheScale) {
       }
     }
   }
+  // A non-contiguous input and gradient: the mask follows the logical layout.
+  packed.reset();
+  auto base = torch::randn({16, 3}, torch::requires_grad());
+  auto x = base.t();  // [3, 16], strided
+  auto y = sample_dropout(x, 0.3, 6, true);
+  auto g = torch::randn({16, 3}).t();
+  y.backward(g);
+  auto mask = sample_keep_mask(x.detach().contiguous(), 0.3, 6).to(torch::kFloat32);
+  EXPECT_TRUE(torch::equal(y, x.detach() * mask * (1.0 / 0.7)));
+  EXPECT_TRUE(torch::equal(base.grad().t(), g * mask * (1.0 / 0.7)));
+  // And a double backward sees the mask again.
+  auto z = torch::ones({3, 16}, torch::requires_grad());
+  auto gz = torch::autograd::grad({sample_dropout(z, 0.3, 6, true).pow(2).sum()}, {z}, {}, true, true)[0];
+  auto gg = torch::autograd::grad({gz.sum()}, {z})[0];
+  auto m = sample_keep_mask(z.detach(), 0.3, 6).to(torch::kFloat32);
+  EXPECT_TRUE(torch::allclose(gg, 2 * m * (1.0 / 0.7) * (1.0 / 0.7)));
+}
+
+// A packed layout whose positions do not continue their sample is refused.
+TEST(SampleDropout, PackedRowsMustHoldContiguousSamples) {
+  DropoutRows samples(3, 21, {40, 7});
+  auto seq = torch::tensor({0, 0, 1, 1}, torch::kInt64).view({1, 4});
+  EXPECT_NO_THROW(DropoutRows(samples, seq, torch::tensor({0, 1, 0, 1}, torch::kInt64).view({1, 4})));
+  EXPECT_THROW(DropoutRows(samples, seq, torch::tensor({0, 1, 2, 3}, torch::kInt64).view({1, 4})), std::exception);
+  EXPECT_THROW(DropoutRows(samples, seq, torch::tensor({1, 2, 0, 1}, torch::kInt64).view({1, 4})), std::exception);
+  EXPECT_THROW(DropoutRows(samples, torch::tensor({0, 0, 2, 2}, torch::kInt64).view({1, 4}),
+                           torch::tensor({0, 1, 0, 1}, torch::kInt64).view({1, 4})),
+               std::exception);
+  EXPECT_THROW(DropoutRows(samples, seq, torch::Tensor()), std::exception);
 }

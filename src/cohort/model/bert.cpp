@@ -40,11 +40,14 @@ uint64_t layer_site(int64_t layer, int which) { return static_cast<uint64_t>(3 *
 
 // Which keys each query attends to: `keep`, bool [B,1,1,L] (padding keys
 // masked out) or [B,1,L,L] (packed rows, block-diagonal), for the fused
-// kernel; and the same as an additive bias for attention written out, made
-// once per forward in the scores' dtype (0 or the dtype's lowest finite
-// value, not -inf: a query with no key to attend to, an empty row, gets
-// finite probabilities, as in the fused kernel). Adding the bias is about
-// twice as fast forward and backward as masked_fill with the bool mask.
+// kernel; and the same as an additive bias for attention written out (as
+// HF's extended attention mask), made once per forward in the scores' dtype.
+// The bias is 0 or half the dtype's lowest finite value: never -inf, so a
+// query with no key to attend to (an empty row) gets finite probabilities,
+// as in the fused kernel, and half, so that adding a score cannot overflow
+// to -inf in fp16. A masked key's probability is exactly 0 either way.
+// Adding the bias is about twice as fast forward and backward as
+// masked_fill with the bool mask.
 struct AttentionMask {
   torch::Tensor keep;
   mutable torch::Tensor bias;
@@ -54,7 +57,7 @@ struct AttentionMask {
       const double lowest = dtype == torch::kHalf       ? double(std::numeric_limits<c10::Half>::lowest())
                             : dtype == torch::kBFloat16 ? double(std::numeric_limits<c10::BFloat16>::lowest())
                                                         : double(std::numeric_limits<float>::lowest());
-      bias = torch::zeros(keep.sizes(), keep.options().dtype(dtype)).masked_fill_(keep.logical_not(), lowest);
+      bias = torch::zeros(keep.sizes(), keep.options().dtype(dtype)).masked_fill_(keep.logical_not(), lowest / 2);
     }
     return bias;
   }

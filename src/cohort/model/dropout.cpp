@@ -25,8 +25,9 @@ DropoutRows::DropoutRows(uint64_t seed, int64_t step, const std::vector<int64_t>
 
 DropoutRows::DropoutRows(const DropoutRows& samples, const torch::Tensor& seq_ids, const torch::Tensor& position_ids)
     : keys_(samples.keys_), outer_(innermost) {
-  COHORT_CHECK(seq_ids.dim() == 2 && position_ids.sizes() == seq_ids.sizes(), Error,
-               "packed dropout rows need seq_ids and position_ids of one [R, L] shape");
+  COHORT_CHECK(seq_ids.defined() && position_ids.defined() && seq_ids.dim() == 2 &&
+                   position_ids.sizes() == seq_ids.sizes(),
+               Error, "packed dropout rows need seq_ids and position_ids of one [R, L] shape");
   rows_ = seq_ids.size(0);
   width_ = seq_ids.size(1);
   auto seq = seq_ids.to(torch::kCPU, torch::kInt64).contiguous();
@@ -39,6 +40,11 @@ DropoutRows::DropoutRows(const DropoutRows& samples, const torch::Tensor& seq_id
   for (size_t i = 0; i < tokens; ++i) {
     COHORT_CHECK(s[i] < static_cast<int64_t>(keys_.size()), Error, "packed dropout rows: token ", i, " is of sample ",
                  s[i], " of ", keys_.size());
+    // An instance is contiguous, its positions counting from 0 where it starts.
+    const int64_t t = static_cast<int64_t>(i) % width_;
+    COHORT_CHECK(s[i] < 0 || (q[i] >= 0 && q[i] <= t && (q[i] == 0 || (s[i - 1] == s[i] && q[i - 1] == q[i] - 1))),
+                 Error, "packed dropout rows: token ", i, " of sample ", s[i], " is at position ", q[i],
+                 ", which does not continue its sample");
     // Padding: any key will do, since no real token reads its outputs.
     token_keys_[i] = s[i] >= 0 ? keys_[static_cast<size_t>(s[i])] : splitmix64(i ^ 0xFADull);
   }
@@ -46,6 +52,18 @@ DropoutRows::DropoutRows(const DropoutRows& samples, const torch::Tensor& seq_id
 }
 
 DropoutRows::~DropoutRows() { innermost = outer_; }
+
+const torch::Tensor& DropoutRows::on_device(Table table, const c10::Device& device) const {
+  auto& copy = device_tables_[static_cast<size_t>(table)];
+  if (!copy.defined() || copy.device() != device) {
+    const void* data = table == Table::kKeys            ? static_cast<const void*>(keys_.data())
+                       : table == Table::kTokenKeys     ? static_cast<const void*>(token_keys_.data())
+                                                        : static_cast<const void*>(token_positions_.data());
+    const auto n = static_cast<int64_t>(table == Table::kKeys ? keys_.size() : token_keys_.size());
+    copy = torch::from_blob(const_cast<void*>(data), {n}, torch::kInt64).to(device);
+  }
+  return copy;
+}
 
 const DropoutRows* DropoutRows::current() { return innermost; }
 
@@ -123,22 +141,23 @@ Lines lines_of(const torch::Tensor& x, const DropoutRows& rows, uint64_t site) {
   return out;
 }
 
-// The scale of each element of one line: keep ? scale : 0. The hashing is
+// Each element of one line: keep ? 1 : 0. The hashing is
 // most of dropout's cost; compiled for AVX-512 and AVX2 as well, picked at
 // load time where the CPU has them, so that its 64-bit multiplies vectorise.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// (GCC 12 or later on glibc: arch= in target_clones, and ifunc.)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__GLIBC__)
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
-void line_scales(float* out, int64_t cols, uint64_t h, uint64_t threshold, float scale) {
+void line_keeps(float* out, int64_t cols, uint64_t h, uint64_t threshold) {
   for (int64_t c = 0; c < cols; ++c) {
-    out[c] = (splitmix64(h + static_cast<uint64_t>(c)) >> 40) >= threshold ? scale : 0.0f;
+    out[c] = (splitmix64(h + static_cast<uint64_t>(c)) >> 40) >= threshold ? 1.0f : 0.0f;
   }
 }
 
-// f(i, k, n): elements i .. i+n-1 (one line, or a block of one) have scales
-// k[0 .. n-1]; lines in parallel.
+// f(i, k, n): elements i .. i+n-1 (one line, or a block of one) have keep
+// bits k[0 .. n-1] (1 or 0); lines in parallel.
 template <class F>
-void for_each_scaled(const Lines& lines, double p, float scale, F&& f) {
+void for_each_keep(const Lines& lines, double p, F&& f) {
   const int64_t n = lines.seeds.numel(), cols = lines.cols;
   const uint64_t threshold = keep_threshold(p);
   const auto* seed = reinterpret_cast<const uint64_t*>(lines.seeds.data_ptr<int64_t>());
@@ -150,7 +169,7 @@ void for_each_scaled(const Lines& lines, double p, float scale, F&& f) {
       const uint64_t h = seed[line] - static_cast<uint64_t>(shift != nullptr ? shift[line] : 0);
       for (int64_t c0 = 0; c0 < cols; c0 += kBlock) {
         const int64_t m = std::min(kBlock, cols - c0);
-        line_scales(k, m, h + static_cast<uint64_t>(c0), threshold, scale);
+        line_keeps(k, m, h + static_cast<uint64_t>(c0), threshold);
         f(line * cols + c0, k, m);
       }
     }
@@ -165,10 +184,13 @@ torch::Tensor masked_scale(const torch::Tensor& x_in, const Lines& lines, double
   if (x.numel() == 0) return out;
   AT_DISPATCH_FLOATING_TYPES_AND2(torch::kBFloat16, torch::kHalf, x.scalar_type(), "sample_dropout", [&] {
     using acc_t = at::opmath_type<scalar_t>;
+    const auto scale = static_cast<acc_t>(1.0 / (1.0 - p));
     const scalar_t* in = x.const_data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
-    for_each_scaled(lines, p, static_cast<float>(1.0 / (1.0 - p)), [&](int64_t i, const float* k, int64_t n) {
-      for (int64_t c = 0; c < n; ++c) o[i + c] = static_cast<scalar_t>(static_cast<acc_t>(in[i + c]) * k[c]);
+    for_each_keep(lines, p, [&](int64_t i, const float* k, int64_t n) {
+      for (int64_t c = 0; c < n; ++c) {
+        o[i + c] = static_cast<scalar_t>(static_cast<acc_t>(in[i + c]) * (static_cast<acc_t>(k[c]) * scale));
+      }
     });
   });
   return out;
@@ -186,9 +208,12 @@ struct SampleDropoutFunction : torch::autograd::Function<SampleDropoutFunction> 
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad) {
+    // Dropout is linear and its own adjoint: the backward is the same
+    // function, so a double backward works too.
     auto saved = ctx->get_saved_variables();
-    Lines lines{saved[0], saved[1], ctx->saved_data["cols"].toInt()};
-    torch::Tensor dx = grad[0].defined() ? masked_scale(grad[0], lines, ctx->saved_data["p"].toDouble()) : grad[0];
+    torch::Tensor dx = grad[0].defined() ? apply(grad[0], saved[0], saved[1], ctx->saved_data["cols"].toInt(),
+                                                 ctx->saved_data["p"].toDouble())
+                                         : grad[0];
     return {dx, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -202,10 +227,6 @@ torch::Tensor mix(torch::Tensor x) {
   x = torch::bitwise_xor(x, shift_right(x, 30)) * static_cast<int64_t>(0xBF58476D1CE4E5B9ull);
   x = torch::bitwise_xor(x, shift_right(x, 27)) * static_cast<int64_t>(0x94D049BB133111EBull);
   return torch::bitwise_xor(x, shift_right(x, 31));
-}
-
-torch::Tensor host_int64(const void* data, int64_t n, const torch::TensorOptions& opts) {
-  return torch::from_blob(const_cast<void*>(data), {n}, torch::kInt64).to(opts);
 }
 
 }  // namespace
@@ -224,15 +245,15 @@ torch::Tensor sample_keep_mask_tensor_ops(const torch::Tensor& x, double p, uint
   if (rows.packed()) {
     const int64_t r = rows.rows(), l = rows.width();
     const std::vector<int64_t> token_shape = dims == 3 ? std::vector<int64_t>{r, l, 1} : std::vector<int64_t>{r, 1, l, 1};
-    auto keys = host_int64(rows.token_keys().data(), r * l, opts).view(token_shape);
-    auto pos = host_int64(rows.token_positions().data(), r * l, opts).view(token_shape);
+    auto keys = rows.on_device(DropoutRows::Table::kTokenKeys, x.device()).view(token_shape);
+    auto pos = rows.on_device(DropoutRows::Table::kTokenPositions, x.device()).view(token_shape);
     h = mix(mix(torch::bitwise_xor(keys, salt)) + pos);
     if (dims == 4) h = mix(h + along(1)) - (along(2) - pos);  // the shift: where the query's sample starts
     h = mix(h + along(dims - 1));
   } else {
     std::vector<int64_t> shape(static_cast<size_t>(dims), 1);
     shape[0] = x.size(0);
-    auto keys = host_int64(rows.keys().data(), x.size(0), opts).view(shape);
+    auto keys = rows.on_device(DropoutRows::Table::kKeys, x.device()).view(shape);
     h = mix(torch::bitwise_xor(keys, salt));
     for (int64_t d = dims - 2; d >= 1; --d) h = mix(h + along(d));
     h = mix(dims >= 2 ? h + along(dims - 1) : h);
@@ -246,7 +267,7 @@ torch::Tensor sample_keep_mask(const torch::Tensor& x, double p, uint64_t site) 
   auto mask = torch::empty(x.sizes(), torch::TensorOptions().dtype(torch::kBool));
   bool* out = mask.data_ptr<bool>();
   if (mask.numel() > 0) {
-    for_each_scaled(lines, p, 1.0f, [&](int64_t i, const float* k, int64_t n) {
+    for_each_keep(lines, p, [&](int64_t i, const float* k, int64_t n) {
       for (int64_t c = 0; c < n; ++c) out[i + c] = k[c] != 0.0f;
     });
   }

@@ -23,6 +23,7 @@
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -52,11 +53,17 @@ class DropoutRows {
   const std::vector<uint64_t>& token_keys() const { return token_keys_; }
   const std::vector<int64_t>& token_positions() const { return token_positions_; }
 
+  // keys(), token_keys() or token_positions() as int64 on `device`, copied
+  // there once per scope (the device path hashes with tensor ops).
+  enum class Table { kKeys, kTokenKeys, kTokenPositions };
+  const torch::Tensor& on_device(Table table, const c10::Device& device) const;
+
  private:
   std::vector<uint64_t> keys_;
   std::vector<uint64_t> token_keys_;
   std::vector<int64_t> token_positions_;
   int64_t rows_ = 0, width_ = 0;
+  mutable std::array<torch::Tensor, 3> device_tables_;
   const DropoutRows* outer_;
 };
 
