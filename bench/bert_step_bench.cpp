@@ -119,6 +119,7 @@ int main(int argc, char** argv) {
     precision = parse_choice<Precision>("--precision", precision_name);
     COHORT_CHECK(precision == Precision::kFp32 || precision == Precision::kBf16, ConfigError,
                  "--precision must be fp32 or bf16 on CPU (got '", precision_name, "')");
+    COHORT_CHECK(!pack || !data.empty(), ConfigError, "--pack packs real instances: it needs --data DIR");
   } catch (const Error& e) {
     std::fprintf(stderr, "bert_step_bench: error: %s\n", e.what());
     return 2;

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 
 #include "cohort/model/dropout.hpp"
 

@@ -262,12 +262,22 @@ TEST(Pack, EdgeCasesAreKeptOrRefused) {
             std::string::npos);
   auto past = hand_batch({4, 6}, 8);
   past["masked_lm_positions"][0][0] = 5;
-  EXPECT_NE(cohort::test::error_of([&] { cohort::pack_bert_rows(past, 8); }).find("past its 4 real tokens"),
+  EXPECT_NE(cohort::test::error_of([&] { cohort::pack_bert_rows(past, 8); }).find("outside its 4 real tokens"),
+            std::string::npos);
+  // A negative position would read the previous instance's token.
+  auto before = hand_batch({4, 6}, 8);
+  before["masked_lm_positions"][1][0] = -1;
+  EXPECT_NE(cohort::test::error_of([&] { cohort::pack_bert_rows(before, 8); }).find("predicts position -1"),
+            std::string::npos);
+  // Given the dataset's sample ids, the error names the sample.
+  EXPECT_NE(cohort::test::error_of([&] { cohort::pack_bert_rows(before, 8, {40, 41}); }).find("sample 41 predicts"),
             std::string::npos);
 }
 
 // bf16 on the CPU writes attention out: an empty row (no key to attend to)
-// must stay finite there, packed or not, and packed still matches unpacked.
+// must stay finite there, packed or not. (Its outputs need not match: an
+// empty instance attends over its padding unpacked, and over its own [CLS]
+// slot packed. cohort prepare writes no empty instances.)
 TEST(Pack, Bf16AttentionStaysFiniteForAnEmptyRow) {
   torch::manual_seed(5);
   cohort::BertForPretraining model(tiny_bert(1, 32));

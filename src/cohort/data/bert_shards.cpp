@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <numeric>
 #include <array>
 #include <cerrno>
 #include <csignal>
@@ -18,6 +17,7 @@
 #include <list>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <unordered_map>
 #include <utility>
 
@@ -792,13 +792,21 @@ Example BertShards::get(int64_t index) const {
 
 Example BertShards::get_batch(const std::vector<int64_t>& indices) const {
   Example batch = impl_->gather(indices, true);
-  return impl_->opts.pack ? pack_bert_rows(batch, impl_->info.seq_len) : batch;
+  return impl_->opts.pack ? pack_bert_rows(batch, impl_->info.seq_len, indices) : batch;
 }
 
-Example pack_bert_rows(const Example& batch, int64_t row_len) {
+Example pack_bert_rows(const Example& batch, int64_t row_len, const std::vector<int64_t>& sample_ids) {
   const auto& ids = batch.at("input_ids");
   const int64_t n = ids.size(0), width = ids.size(1), p = batch.at("masked_lm_positions").size(1);
+  COHORT_CHECK(ids.is_cpu(), Error, "data.pack: packs batches on the CPU, before they move to ", ids.device());
   COHORT_CHECK(width <= row_len, DataError, "data.pack: rows of ", width, " tokens do not fit rows of ", row_len);
+  COHORT_CHECK(sample_ids.empty() || static_cast<int64_t>(sample_ids.size()) == n, Error, "data.pack: ",
+               sample_ids.size(), " sample ids for a batch of ", n);
+  // Errors name the dataset's sample where the caller gave it.
+  auto which = [&](int64_t i) {
+    return sample_ids.empty() ? detail::cat("row ", i, " of the batch")
+                              : detail::cat("sample ", sample_ids[static_cast<size_t>(i)]);
+  };
   auto contiguous = [&](const char* key) { return batch.at(key).to(torch::kInt64).contiguous(); };
   auto in_ids = contiguous("input_ids"), in_seg = contiguous("segment_ids"), in_mask = contiguous("input_mask"),
        in_pos = contiguous("masked_lm_positions"), in_mlm = contiguous("masked_lm_ids");
@@ -812,11 +820,12 @@ Example pack_bert_rows(const Example& batch, int64_t row_len) {
     for (int64_t t = 0; t < width; ++t) real += mask[i * width + t] != 0;
     // Packing moves an instance's real tokens only: they must be a prefix,
     // and every prediction must point at one of them.
-    COHORT_CHECK(real == len, DataError, "data.pack: row ", i, " of the batch has padding inside it (input_mask ",
+    COHORT_CHECK(real == len, DataError, "data.pack: ", which(i), " has padding inside it (input_mask ",
                  "is not 1s then 0s); such rows can only be read unpacked");
     for (int64_t j = 0; j < p; ++j) {
-      COHORT_CHECK(mlm_in[i * p + j] < 0 || pos_in[i * p + j] < std::max<int64_t>(len, 1), DataError,
-                   "data.pack: row ", i, " of the batch predicts position ", pos_in[i * p + j], " past its ", len,
+      const int64_t at = pos_in[i * p + j];
+      COHORT_CHECK(mlm_in[i * p + j] < 0 || (at >= 0 && at < std::max<int64_t>(len, 1)), DataError, "data.pack: ",
+                   which(i), " predicts position ", at, ", outside its ", len,
                    " real tokens; such rows can only be read unpacked");
     }
     length[static_cast<size_t>(i)] = std::max<int64_t>(len, 1);  // an empty row still has its [CLS] slot

@@ -64,8 +64,9 @@ struct BertShardsOptions {
 // rows), and makes masked_lm_positions flat over the rows. The per-instance
 // keys (masked_lm_ids, next_sentence_labels) keep their order, so losses
 // and unit counts are those of the unpacked batch. A row's real tokens are
-// a prefix of it (the NVIDIA layout).
-Example pack_bert_rows(const Example& batch, int64_t row_len);
+// a prefix of it (the NVIDIA layout). `sample_ids`, when given (one per
+// instance), name the dataset's samples in errors. CPU tensors only.
+Example pack_bert_rows(const Example& batch, int64_t row_len, const std::vector<int64_t>& sample_ids = {});
 
 // A Dataset over every shard of one split. Opening reads only each file's
 // shapes (validating keys, ranks and dtypes); rows are read on demand in

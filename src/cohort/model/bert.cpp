@@ -44,9 +44,9 @@ uint64_t layer_site(int64_t layer, int which) { return static_cast<uint64_t>(3 *
 // HF's extended attention mask), made once per forward in the scores' dtype.
 // The bias is 0 or half the dtype's lowest finite value: never -inf, so a
 // query with no key to attend to (an empty row) gets finite probabilities,
-// as in the fused kernel, and half, so that adding a score cannot overflow
-// to -inf in fp16. A masked key's probability is exactly 0 either way.
-// Adding the bias is about twice as fast forward and backward as
+// as in the fused kernel, and half, so that adding any score within half
+// the dtype's range (in fp16, above -32752) stays finite. A masked key's
+// probability is exactly 0 either way. Adding the bias is about twice as fast forward and backward as
 // masked_fill with the bool mask.
 struct AttentionMask {
   torch::Tensor keep;
@@ -231,8 +231,9 @@ torch::Tensor encode_with(Bert& bert, const torch::Tensor& input_ids, const torc
   // Padding keys are masked out for every head and query; packed rows keep
   // each query among its own instance's keys (block-diagonal; padding
   // attends to padding, whose outputs nothing reads).
-  AttentionMask mask{seq_ids.defined() ? seq_ids.unsqueeze(2).eq(seq_ids.unsqueeze(1)).unsqueeze(1)
-                                       : input_mask.ne(0).view({input_mask.size(0), 1, 1, input_mask.size(1)})};
+  AttentionMask mask;
+  mask.keep = seq_ids.defined() ? seq_ids.unsqueeze(2).eq(seq_ids.unsqueeze(1)).unsqueeze(1)
+                                : input_mask.ne(0).view({input_mask.size(0), 1, 1, input_mask.size(1)});
   for (const auto& layer : *bert->encoder->layer) x = layer->as<LayerImpl>()->forward(x, mask);
   return x;
 }
@@ -276,8 +277,12 @@ torch::Tensor BertForPretrainingImpl::encode(const torch::Tensor& input_ids, con
 }
 
 BertBatch BertBatch::from(const Example& b) {
-  BertBatch out{b.at("input_ids"), b.at("segment_ids"), b.at("input_mask"), b.at("masked_lm_positions"),
-                b.at("masked_lm_ids")};
+  BertBatch out;
+  out.input_ids = b.at("input_ids");
+  out.segment_ids = b.at("segment_ids");
+  out.input_mask = b.at("input_mask");
+  out.masked_positions = b.at("masked_lm_positions");
+  out.masked_ids = b.at("masked_lm_ids");
   if (auto it = b.find("seq_ids"); it != b.end()) {
     out.seq_ids = it->second;
     out.position_ids = b.at("position_ids");
