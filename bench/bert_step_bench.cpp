@@ -48,13 +48,27 @@ OpTimes op_times;
 struct Open {
   std::chrono::steady_clock::time_point start;
   double children_s = 0;
+  std::string key;  // --profile-shapes: read at the start, while the inputs are there
 };
 thread_local std::vector<Open> open_ops;
 
+// --profile-shapes: ops are told apart by their inputs' dtypes and sizes too.
+bool profile_shapes = false;
+std::string op_key(const at::RecordFunction& fn, bool shapes) {
+  std::string key = fn.name();
+  if (!shapes) return key;
+  for (const auto& v : fn.inputs()) {
+    if (!v.isTensor() || !v.toTensor().defined()) continue;
+    const auto& t = v.toTensor();
+    key += " " + std::string(c10::toString(t.scalar_type())) + c10::str(t.sizes());
+  }
+  return key;
+}
+
 at::CallbackHandle start_profiling() {
   auto cb = at::RecordFunctionCallback(
-      [](const at::RecordFunction&) -> std::unique_ptr<at::ObserverContext> {
-        open_ops.push_back({std::chrono::steady_clock::now(), 0});
+      [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+        open_ops.push_back({std::chrono::steady_clock::now(), 0, profile_shapes ? op_key(fn, true) : std::string()});
         return nullptr;
       },
       [](const at::RecordFunction& fn, at::ObserverContext*) {
@@ -64,11 +78,12 @@ at::CallbackHandle start_profiling() {
         double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - op.start).count();
         if (!open_ops.empty()) open_ops.back().children_s += total;
         std::lock_guard<std::mutex> lock(op_times.mu);
-        auto& s = op_times.by_name[fn.name()];
+        auto& s = op_times.by_name[profile_shapes ? op.key : std::string(fn.name())];
         s.self_s += total - op.children_s;
         ++s.calls;
       });
   cb.scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION});
+  cb.needsInputs(profile_shapes);
   return at::addGlobalCallback(cb);
 }
 
@@ -80,8 +95,8 @@ void print_profile(int64_t steps, int top) {
   for (const auto& [name, s] : v) all += s.self_s;
   std::fprintf(stderr, "%-44s %10s %7s %8s\n", "op (self time)", "ms/step", "share", "calls");
   for (int i = 0; i < top && i < static_cast<int>(v.size()); ++i) {
-    std::fprintf(stderr, "%-44s %10.1f %6.1f%% %8lld\n", v[i].first.c_str(), v[i].second.self_s * 1e3 / steps,
-                 100 * v[i].second.self_s / all, static_cast<long long>(v[i].second.calls / steps));
+    std::fprintf(stderr, "%-44s %10.1f %6.1f%% %8.1f\n", v[i].first.c_str(), v[i].second.self_s * 1e3 / steps,
+                 100 * v[i].second.self_s / all, static_cast<double>(v[i].second.calls) / steps);
   }
   std::fprintf(stderr, "%-44s %10.1f\n", "all ops", all * 1e3 / steps);
 }
@@ -107,6 +122,7 @@ int main(int argc, char** argv) {
   int profile = 0;
   app.add_option("--profile", profile, "print the top N ops by self time per step (on stderr), over the steady "
                  "steps; 0: off");
+  app.add_flag("--profile-shapes", profile_shapes, "--profile: one line per op and input dtypes and sizes");
   std::string device_name = "cpu", dropout_rng = "sample";
   app.add_option("--dropout-rng", dropout_rng, "sample (model.dropout-rng's default) | rank | both (alternating)")
       ->capture_default_str();

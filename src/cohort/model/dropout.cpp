@@ -5,6 +5,8 @@
 #include <ATen/Parallel.h>
 #include <torch/autograd.h>
 
+#include <cstring>
+
 #include "cohort/core/error.hpp"
 #include "cohort/core/random.hpp"
 
@@ -141,55 +143,106 @@ Lines lines_of(const torch::Tensor& x, const DropoutRows& rows, uint64_t site) {
   return out;
 }
 
-// Each element of one line: keep ? 1 : 0. The hashing is
-// most of dropout's cost; compiled for AVX-512 and AVX2 as well, picked at
-// load time where the CPU has them, so that its 64-bit multiplies vectorise.
-// (GCC 12 or later on glibc: arch= in target_clones, and ifunc.)
+// The kernels below are compiled for AVX-512 and AVX2 as well, picked at
+// load time where the CPU has them, so that the hash's 64-bit multiplies
+// vectorise. (GCC 12 or later on glibc: arch= in target_clones, and ifunc.)
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__GLIBC__)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define COHORT_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define COHORT_VECTOR_CLONES
 #endif
+
+inline bool kept(uint64_t h, int64_t c, uint64_t threshold) {
+  return (splitmix64(h + static_cast<uint64_t>(c)) >> 40) >= threshold;
+}
+
+// Each element of one line: keep ? 1 : 0.
+COHORT_VECTOR_CLONES
 void line_keeps(float* out, int64_t cols, uint64_t h, uint64_t threshold) {
+  for (int64_t c = 0; c < cols; ++c) out[c] = kept(h, c, threshold) ? 1.0f : 0.0f;
+}
+
+// out = in * (keep ? scale : 0), one line, hashing and scaling in one pass:
+// the bits of the generic loop below (a dropped NaN stays NaN, a dropped
+// negative is -0).
+COHORT_VECTOR_CLONES
+void scale_line(const float* in, float* out, int64_t cols, uint64_t h, uint64_t threshold, float scale) {
+  for (int64_t c = 0; c < cols; ++c) out[c] = in[c] * (kept(h, c, threshold) ? scale : 0.0f);
+}
+
+// The same on bf16 bits: widened to float, multiplied, and rounded to
+// nearest even as c10::BFloat16 rounds (NaN to 0x7FC0), in lanes.
+COHORT_VECTOR_CLONES
+void scale_line(const uint16_t* in, uint16_t* out, int64_t cols, uint64_t h, uint64_t threshold, float scale) {
   for (int64_t c = 0; c < cols; ++c) {
-    out[c] = (splitmix64(h + static_cast<uint64_t>(c)) >> 40) >= threshold ? 1.0f : 0.0f;
+    uint32_t u = static_cast<uint32_t>(in[c]) << 16;
+    float v;
+    std::memcpy(&v, &u, sizeof v);
+    v *= kept(h, c, threshold) ? scale : 0.0f;
+    std::memcpy(&u, &v, sizeof u);
+    out[c] = (u & 0x7FFFFFFFu) > 0x7F800000u ? uint16_t{0x7FC0}
+                                               : static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
   }
+}
+
+// f(h, i, n): the line whose first element is i, of n elements, hashes from
+// h (its seed less its shift); lines in parallel.
+template <class F>
+void for_each_line(const Lines& lines, F&& f) {
+  const int64_t n = lines.seeds.numel(), cols = lines.cols;
+  const auto* seed = reinterpret_cast<const uint64_t*>(lines.seeds.data_ptr<int64_t>());
+  const int64_t* shift = lines.shifts.defined() && lines.shifts.numel() > 0 ? lines.shifts.data_ptr<int64_t>() : nullptr;
+  at::parallel_for(0, n, std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)), [&](int64_t begin, int64_t end) {
+    for (int64_t line = begin; line < end; ++line) {
+      f(seed[line] - static_cast<uint64_t>(shift != nullptr ? shift[line] : 0), line * cols, cols);
+    }
+  });
 }
 
 // f(i, k, n): elements i .. i+n-1 (one line, or a block of one) have keep
 // bits k[0 .. n-1] (1 or 0); lines in parallel.
 template <class F>
 void for_each_keep(const Lines& lines, double p, F&& f) {
-  const int64_t n = lines.seeds.numel(), cols = lines.cols;
   const uint64_t threshold = keep_threshold(p);
-  const auto* seed = reinterpret_cast<const uint64_t*>(lines.seeds.data_ptr<int64_t>());
-  const int64_t* shift = lines.shifts.defined() && lines.shifts.numel() > 0 ? lines.shifts.data_ptr<int64_t>() : nullptr;
   constexpr int64_t kBlock = 512;
-  at::parallel_for(0, n, std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)), [&](int64_t begin, int64_t end) {
+  for_each_line(lines, [&](uint64_t h, int64_t first, int64_t cols) {
     float k[kBlock];
-    for (int64_t line = begin; line < end; ++line) {
-      const uint64_t h = seed[line] - static_cast<uint64_t>(shift != nullptr ? shift[line] : 0);
-      for (int64_t c0 = 0; c0 < cols; c0 += kBlock) {
-        const int64_t m = std::min(kBlock, cols - c0);
-        line_keeps(k, m, h + static_cast<uint64_t>(c0), threshold);
-        f(line * cols + c0, k, m);
-      }
+    for (int64_t c0 = 0; c0 < cols; c0 += kBlock) {
+      const int64_t m = std::min(kBlock, cols - c0);
+      line_keeps(k, m, h + static_cast<uint64_t>(c0), threshold);
+      f(first + c0, k, m);
     }
   });
 }
 
 // x * (keep / (1 - p)), in x's dtype (the product in its opmath type, as
-// x * mask * scale computes it).
+// x * mask * scale computes it). fp32 and bf16 in one vectorised pass.
 torch::Tensor masked_scale(const torch::Tensor& x_in, const Lines& lines, double p) {
   auto x = x_in.contiguous();
   auto out = torch::empty_like(x);
   if (x.numel() == 0) return out;
-  AT_DISPATCH_FLOATING_TYPES_AND2(torch::kBFloat16, torch::kHalf, x.scalar_type(), "sample_dropout", [&] {
+  const uint64_t threshold = keep_threshold(p);
+  const auto scale = static_cast<float>(1.0 / (1.0 - p));
+  if (x.scalar_type() == torch::kFloat) {
+    const float* in = x.const_data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    for_each_line(lines, [&](uint64_t h, int64_t i, int64_t n) { scale_line(in + i, o + i, n, h, threshold, scale); });
+    return out;
+  }
+  if (x.scalar_type() == torch::kBFloat16) {
+    const auto* in = reinterpret_cast<const uint16_t*>(x.const_data_ptr<c10::BFloat16>());
+    auto* o = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
+    for_each_line(lines, [&](uint64_t h, int64_t i, int64_t n) { scale_line(in + i, o + i, n, h, threshold, scale); });
+    return out;
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND(torch::kHalf, x.scalar_type(), "sample_dropout", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    const auto scale = static_cast<acc_t>(1.0 / (1.0 - p));
+    const auto acc_scale = static_cast<acc_t>(1.0 / (1.0 - p));
     const scalar_t* in = x.const_data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
     for_each_keep(lines, p, [&](int64_t i, const float* k, int64_t n) {
       for (int64_t c = 0; c < n; ++c) {
-        o[i + c] = static_cast<scalar_t>(static_cast<acc_t>(in[i + c]) * (static_cast<acc_t>(k[c]) * scale));
+        o[i + c] = static_cast<scalar_t>(static_cast<acc_t>(in[i + c]) * (static_cast<acc_t>(k[c]) * acc_scale));
       }
     });
   });
