@@ -38,6 +38,13 @@ namespace {
 // 3i+1 (attention probabilities), 3i+2 (attention output), 3i+3 (feed-forward output).
 uint64_t layer_site(int64_t layer, int which) { return static_cast<uint64_t>(3 * layer + which); }
 
+// A Linear on [B, L, in]. nn::Linear's forward multiplies and then adds the
+// bias in a second pass for inputs of more than 2 dims, and under autocast
+// adds the fp32 bias into the bf16 product; at::linear (what PyTorch's
+// nn.Linear calls) folds a contiguous input into one addmm, the bias inside
+// the GEMM, and autocast casts the bias with the rest.
+torch::Tensor linear(const nn::Linear& m, const torch::Tensor& x) { return at::linear(x, m->weight, m->bias); }
+
 // Which keys each query attends to: `keep`, bool [B,1,1,L] (padding keys
 // masked out) or [B,1,L,L] (packed rows, block-diagonal), for the fused
 // kernel; and the same as an additive bias for attention written out (as
@@ -80,7 +87,7 @@ struct SelfAttentionImpl : nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const AttentionMask& mask) {
     auto b = x.size(0), l = x.size(1);
     auto split = [&](const torch::Tensor& t) { return t.view({b, l, heads, head_dim}).transpose(1, 2); };
-    auto q = split(query(x)), k = split(key(x)), v = split(value(x));
+    auto q = split(linear(query, x)), k = split(linear(key, x)), v = split(linear(value, x));
     double p = is_training() ? dropout->p() : 0.0;
     torch::Tensor ctx;  // [B,A,L,D]
     // On the CPU in bf16, libtorch's fused kernel is 2.5x slower than the
@@ -110,7 +117,7 @@ struct ResidualOutImpl : nn::Module {
                                   nn::LayerNorm(nn::LayerNormOptions({c.hidden}).eps(c.layer_norm_eps)))),
         dropout(register_module("dropout", SampleDropout(c.hidden_dropout, site))) {}
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& residual) {
-    return LayerNorm(dropout(dense(x)) + residual);
+    return LayerNorm(dropout(linear(dense, x)) + residual);
   }
   nn::Linear dense;
   nn::LayerNorm LayerNorm;
@@ -141,7 +148,7 @@ struct LayerImpl : nn::Module {
         output(register_module("output", ResidualOut(c, c.intermediate, layer_site(layer, 3)))) {}
   torch::Tensor forward(const torch::Tensor& x, const AttentionMask& mask) {
     auto a = attention(x, mask);
-    return output(torch::gelu(intermediate->dense(a)), a);
+    return output(torch::gelu(linear(intermediate->dense, a)), a);
   }
   Attention attention;
   Dense intermediate;
