@@ -68,7 +68,8 @@ std::string op_key(const at::RecordFunction& fn, bool shapes) {
 at::CallbackHandle start_profiling() {
   auto cb = at::RecordFunctionCallback(
       [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
-        open_ops.push_back({std::chrono::steady_clock::now(), 0, profile_shapes ? op_key(fn, true) : std::string()});
+        std::string key = profile_shapes ? op_key(fn, true) : std::string();  // not timed as the op's
+        open_ops.push_back({std::chrono::steady_clock::now(), 0, std::move(key)});
         return nullptr;
       },
       [](const at::RecordFunction& fn, at::ObserverContext*) {
@@ -165,7 +166,12 @@ int main(int argc, char** argv) {
   auto mask = torch::ones({batch, seq}, torch::kLong);
   std::vector<torch::Tensor> rows;
   for (int64_t r = 0; r < batch; ++r) rows.push_back(std::get<0>((torch::randperm(seq - 1).slice(0, 0, predictions) + 1).sort()));
-  BertBatch synthetic{ids, seg, mask, torch::stack(rows), torch::randint(5, c.vocab_size, {batch, predictions}, torch::kLong)};
+  BertBatch synthetic;
+  synthetic.input_ids = ids;
+  synthetic.segment_ids = seg;
+  synthetic.input_mask = mask;
+  synthetic.masked_positions = torch::stack(rows);
+  synthetic.masked_ids = torch::randint(5, c.vocab_size, {batch, predictions}, torch::kLong);
   auto synthetic_nsp = torch::randint(0, 2, {batch}, torch::kLong);
   // Batch s: synthetic, or rows s*B .. s*B+B-1 of the shards (as the peer).
   auto batch_at = [&](int64_t s) -> std::pair<BertBatch, torch::Tensor> {

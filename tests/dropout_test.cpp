@@ -156,6 +156,32 @@ TEST(SampleDropout, OnePassDropoutIsTheMaskTimesTheScale) {
   EXPECT_TRUE(torch::allclose(gg, 2 * m * (1.0 / 0.7) * (1.0 / 0.7)));
 }
 
+// The one-pass bf16 kernel rounds in vector lanes: its bits must be
+// c10::BFloat16's for every kind of value, kept or dropped (NaN stays NaN as
+// 0x7FC0, a dropped negative is -0, a dropped inf is NaN, subnormals, ties
+// and values that round up to inf).
+TEST(SampleDropout, Bf16KernelRoundsAsC10ForSpecialValues) {
+  const std::vector<uint16_t> bits = {0x0000, 0x8000, 0x0001, 0x8001, 0x007F, 0x0080, 0x3F80, 0xBF80, 0x7F7F,
+                                      0xFF7F, 0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x7F81, 0x4049, 0x3F81, 0x3F7F,
+                                      0x7F00, 0x0040, 0xC2F7, 0x1234};
+  const int64_t cols = 512 + 3;  // past one block, and a tail
+  auto x = torch::empty({4, cols}, torch::kBFloat16);
+  auto* xb = reinterpret_cast<uint16_t*>(x.data_ptr<c10::BFloat16>());
+  for (int64_t i = 0; i < x.numel(); ++i) xb[i] = bits[static_cast<size_t>(i) % bits.size()];
+  DropoutRows rows(11, 2, {0, 1, 2, 3});
+  const double p = 0.3;
+  auto y = sample_dropout(x, p, 4, true);
+  auto keep = sample_keep_mask(x, p, 4);
+  ASSERT_GT(keep.logical_not().sum().item<int64_t>(), 0);
+  const auto scale = static_cast<float>(1.0 / (1.0 - p));
+  const auto* yb = reinterpret_cast<const uint16_t*>(y.const_data_ptr<c10::BFloat16>());
+  const bool* k = keep.const_data_ptr<bool>();
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const c10::BFloat16 want(static_cast<float>(x.const_data_ptr<c10::BFloat16>()[i]) * (k[i] ? scale : 0.0f));
+    ASSERT_EQ(yb[i], want.x) << "element " << i << ": input bits 0x" << std::hex << xb[i] << (k[i] ? " kept" : " dropped");
+  }
+}
+
 // A packed layout whose positions do not continue their sample is refused.
 TEST(SampleDropout, PackedRowsMustHoldContiguousSamples) {
   DropoutRows samples(3, 21, {40, 7});

@@ -218,6 +218,10 @@ TEST_P(GradSyncCompression, IsCloseToTheExactSum) {
     EXPECT_TRUE(err.le(bound).all().item<bool>())
         << "rank " << rank << ": error " << err.max().item<double>() << " where the bound is "
         << bound.flatten().index({(err - bound).argmax()}).item<double>();
+    // bf16 errs where fp16 would not: the wire held bf16, not fp16.
+    if (std::string(GetParam()) == "bf16") {
+      EXPECT_TRUE(err.gt(net->weight.grad() * (2.5 / 2048) + 1e-6).any().item<bool>()) << "as exact as fp16";
+    }
     EXPECT_FALSE(torch::equal(narrow, summed)) << "no rounding: was the gradient compressed?";
   });
 }

@@ -798,7 +798,10 @@ Example BertShards::get_batch(const std::vector<int64_t>& indices) const {
 Example pack_bert_rows(const Example& batch, int64_t row_len, const std::vector<int64_t>& sample_ids) {
   const auto& ids = batch.at("input_ids");
   const int64_t n = ids.size(0), width = ids.size(1), p = batch.at("masked_lm_positions").size(1);
-  COHORT_CHECK(ids.is_cpu(), Error, "data.pack: packs batches on the CPU, before they move to ", ids.device());
+  for (const auto& [key, t] : batch) {
+    COHORT_CHECK(t.is_cpu(), Error, "data.pack: packs batches on the CPU, before they move; '", key, "' is on ",
+                 t.device());
+  }
   COHORT_CHECK(width <= row_len, DataError, "data.pack: rows of ", width, " tokens do not fit rows of ", row_len);
   COHORT_CHECK(sample_ids.empty() || static_cast<int64_t>(sample_ids.size()) == n, Error, "data.pack: ",
                sample_ids.size(), " sample ids for a batch of ", n);
