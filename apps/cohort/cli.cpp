@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
 
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -68,6 +69,12 @@ int cli_main(int argc, char** argv) {
   // one-line errors below; TORCH_CPP_LOG_LEVEL=INFO brings them back.
   setenv("TORCH_CPP_LOG_LEVEL", "FATAL", /*overwrite=*/0);
   c10::initLogging();
+  // A peer that dies mid-collective leaves Gloo writing into a socket the
+  // peer reset. With SIGPIPE's default action that write would kill this
+  // rank too, instead of failing the collective so the survivors can go on
+  // (Python, and so PyTorch DDP, ignores SIGPIPE from the start). Children
+  // inherit it.
+  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"Cohort: data-parallel training of transformer models across heterogeneous machines."};
   app.set_version_flag("--version", std::string("cohort ") + kVersion);
   app.require_subcommand(1);

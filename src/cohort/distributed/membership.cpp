@@ -457,6 +457,9 @@ std::unique_ptr<Comm> Membership::form_next(int64_t step) {
         // at most dist.timeout, and only by members: a newcomer never closes
         // a world whose members still beat (it waits to be admitted).
         if (!all_gone && me.prev_rank >= 0 && now - opened > opts_.timeout) all_gone = true;
+        // The countdown to BelowMinNodes runs only while all are gone: a
+        // member that beats again restarts it.
+        if (!all_gone) all_silent_since = Clock::time_point::max();
         if (all_gone && all_silent_since == Clock::time_point::max()) all_silent_since = now;
         if (all_gone && settled) {
           if (static_cast<int>(complete.size()) >= eo_.min_nodes) {
