@@ -53,8 +53,8 @@ torch::Tensor linear(const nn::Linear& m, const torch::Tensor& x) { return at::l
 // query with no key to attend to (an empty row) gets finite probabilities,
 // as in the fused kernel, and half, so that adding any score within half
 // the dtype's range (in fp16, above -32752) stays finite. A masked key's
-// probability is exactly 0 either way. Adding the bias is about twice as fast forward and backward as
-// masked_fill with the bool mask.
+// probability is exactly 0 either way. Adding the bias is about twice as
+// fast forward and backward as masked_fill with the bool mask.
 struct AttentionMask {
   torch::Tensor keep;
   mutable torch::Tensor bias;
@@ -90,8 +90,9 @@ struct SelfAttentionImpl : nn::Module {
     auto q = split(linear(query, x)), k = split(linear(key, x)), v = split(linear(value, x));
     double p = is_training() ? dropout->p() : 0.0;
     torch::Tensor ctx;  // [B,A,L,D]
-    // On the CPU in bf16, libtorch's fused kernel is 2.5x slower than the
-    // attention written out (bench/attention_bench.py); in fp32 it is faster.
+    // On the CPU in bf16, libtorch's fused kernel is 2.5x (AVX512-BF16) to
+    // 3.6x (AMX) slower than the attention written out
+    // (bench/attention_bench.py); in fp32 it is faster.
     const bool written_out = q.is_cpu() && q.scalar_type() == torch::kBFloat16;
     if ((p > 0 && DropoutRows::current() != nullptr) || written_out) {
       auto scores = torch::matmul(q * (1.0 / std::sqrt(static_cast<double>(head_dim))), k.transpose(-2, -1));
