@@ -54,9 +54,8 @@ thread_local std::vector<Open> open_ops;
 
 // --profile-shapes: ops are told apart by their inputs' dtypes and sizes too.
 bool profile_shapes = false;
-std::string op_key(const at::RecordFunction& fn, bool shapes) {
+std::string op_key(const at::RecordFunction& fn) {
   std::string key = fn.name();
-  if (!shapes) return key;
   for (const auto& v : fn.inputs()) {
     if (!v.isTensor() || !v.toTensor().defined()) continue;
     const auto& t = v.toTensor();
@@ -68,7 +67,7 @@ std::string op_key(const at::RecordFunction& fn, bool shapes) {
 at::CallbackHandle start_profiling() {
   auto cb = at::RecordFunctionCallback(
       [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
-        std::string key = profile_shapes ? op_key(fn, true) : std::string();  // not timed as the op's
+        std::string key = profile_shapes ? op_key(fn) : std::string();  // not timed as the op's
         open_ops.push_back({std::chrono::steady_clock::now(), 0, std::move(key)});
         return nullptr;
       },

@@ -212,14 +212,15 @@ TEST_P(GradSyncCompression, IsCloseToTheExactSum) {
     net->weight.mutable_grad().copy_(mine.abs());
     net->bias.mutable_grad().zero_();
     all_reduce_gradients(*comm, *net);
-    const double u = std::string(GetParam()) == "bf16" ? 1.0 / 256 : 1.0 / 2048;
+    const bool bf16 = std::string(GetParam()) == "bf16";
+    const double u = bf16 ? 1.0 / 256 : 1.0 / 2048;
     auto bound = net->weight.grad() * (2.5 * u) + 1e-6;
     auto err = (narrow - summed).abs();
     EXPECT_TRUE(err.le(bound).all().item<bool>())
         << "rank " << rank << ": error " << err.max().item<double>() << " where the bound is "
         << bound.flatten().index({(err - bound).argmax()}).item<double>();
     // bf16 errs where fp16 would not: the wire held bf16, not fp16.
-    if (std::string(GetParam()) == "bf16") {
+    if (bf16) {
       EXPECT_TRUE(err.gt(net->weight.grad() * (2.5 / 2048) + 1e-6).any().item<bool>()) << "as exact as fp16";
     }
     EXPECT_FALSE(torch::equal(narrow, summed)) << "no rounding: was the gradient compressed?";

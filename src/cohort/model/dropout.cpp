@@ -94,7 +94,7 @@ uint64_t site_key(uint64_t site) { return splitmix64(site + 0x5173ull); }
 // (packed attention only) is where the line's sample starts in its row.
 struct Lines {
   torch::Tensor seeds;   // int64 [lines]
-  torch::Tensor shifts;  // int64 [lines], or empty: none
+  torch::Tensor shifts = torch::empty({0}, torch::kInt64);  // int64 [lines], or empty: none
   int64_t cols = 1;
 };
 
@@ -191,7 +191,7 @@ template <class F>
 void for_each_line(const Lines& lines, F&& f) {
   const int64_t n = lines.seeds.numel(), cols = lines.cols;
   const auto* seed = reinterpret_cast<const uint64_t*>(lines.seeds.data_ptr<int64_t>());
-  const int64_t* shift = lines.shifts.defined() && lines.shifts.numel() > 0 ? lines.shifts.data_ptr<int64_t>() : nullptr;
+  const int64_t* shift = lines.shifts.numel() > 0 ? lines.shifts.data_ptr<int64_t>() : nullptr;
   at::parallel_for(0, n, std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)), [&](int64_t begin, int64_t end) {
     for (int64_t line = begin; line < end; ++line) {
       f(seed[line] - static_cast<uint64_t>(shift != nullptr ? shift[line] : 0), line * cols, cols);
@@ -332,8 +332,7 @@ torch::Tensor sample_dropout(const torch::Tensor& x, double p, uint64_t site, bo
   if (DropoutRows::current() == nullptr) return torch::dropout(x, p, /*train=*/true);
   if (!x.device().is_cpu()) return x * sample_keep_mask_tensor_ops(x, p, site).to(x.scalar_type()) * (1.0 / (1.0 - p));
   Lines lines = lines_of(x, rows_for(x), site);
-  return SampleDropoutFunction::apply(x, lines.seeds, lines.shifts.defined() ? lines.shifts : torch::empty({0}, torch::kInt64),
-                                      lines.cols, p);
+  return SampleDropoutFunction::apply(x, lines.seeds, lines.shifts, lines.cols, p);
 }
 
 }  // namespace cohort
