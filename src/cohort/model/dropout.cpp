@@ -9,6 +9,7 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/random.hpp"
+#include "cohort/model/dropout_lines.hpp"
 
 namespace cohort {
 
@@ -69,7 +70,7 @@ const torch::Tensor& DropoutRows::on_device(Table table, const c10::Device& devi
 
 const DropoutRows* DropoutRows::current() { return innermost; }
 
-namespace {
+namespace dropout_detail {
 
 const DropoutRows& rows_for(const torch::Tensor& x) {
   const DropoutRows* rows = DropoutRows::current();
@@ -83,20 +84,6 @@ const DropoutRows& rows_for(const torch::Tensor& x) {
   }
   return *rows;
 }
-
-// Keep when the top 24 bits are >= p * 2^24.
-uint64_t keep_threshold(double p) { return static_cast<uint64_t>(p * 16777216.0 + 0.5); }
-uint64_t site_key(uint64_t site) { return splitmix64(site + 0x5173ull); }
-
-// A mask is laid out in lines along x's last dimension. Element c of a line
-// is kept when splitmix64(seed + c - shift) clears the threshold: the seed
-// hashes the sample's key with every coordinate but the last, and the shift
-// (packed attention only) is where the line's sample starts in its row.
-struct Lines {
-  torch::Tensor seeds;   // int64 [lines]
-  torch::Tensor shifts = torch::empty({0}, torch::kInt64);  // int64 [lines], or empty: none
-  int64_t cols = 1;
-};
 
 Lines lines_of(const torch::Tensor& x, const DropoutRows& rows, uint64_t site) {
   Lines out;
@@ -143,18 +130,11 @@ Lines lines_of(const torch::Tensor& x, const DropoutRows& rows, uint64_t site) {
   return out;
 }
 
-// The kernels below are compiled for AVX-512 and AVX2 as well, picked at
-// load time where the CPU has them, so that the hash's 64-bit multiplies
-// vectorise. (GCC 12 or later on glibc: arch= in target_clones, and ifunc.)
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__GLIBC__)
-#define COHORT_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define COHORT_VECTOR_CLONES
-#endif
+}  // namespace dropout_detail
 
-inline bool kept(uint64_t h, int64_t c, uint64_t threshold) {
-  return (splitmix64(h + static_cast<uint64_t>(c)) >> 40) >= threshold;
-}
+namespace {
+
+using namespace dropout_detail;
 
 // Each element of one line: keep ? 1 : 0.
 COHORT_VECTOR_CLONES
@@ -175,13 +155,7 @@ void scale_line(const float* in, float* out, int64_t cols, uint64_t h, uint64_t 
 COHORT_VECTOR_CLONES
 void scale_line(const uint16_t* in, uint16_t* out, int64_t cols, uint64_t h, uint64_t threshold, float scale) {
   for (int64_t c = 0; c < cols; ++c) {
-    uint32_t u = static_cast<uint32_t>(in[c]) << 16;
-    float v;
-    std::memcpy(&v, &u, sizeof v);
-    v *= kept(h, c, threshold) ? scale : 0.0f;
-    std::memcpy(&u, &v, sizeof u);
-    out[c] = (u & 0x7FFFFFFFu) > 0x7F800000u ? uint16_t{0x7FC0}
-                                               : static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+    out[c] = bf16_bits(bf16_value(in[c]) * (kept(h, c, threshold) ? scale : 0.0f));
   }
 }
 

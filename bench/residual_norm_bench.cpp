@@ -1,0 +1,71 @@
+// BERT's sublayer output, LayerNorm(dropout(x) + residual), forward and
+// backward: the unfused libtorch ops beside the fused pass
+// (model/residual_norm.hpp), on bert-mini's [B, L, H] with per-sample masks,
+// interleaved, median of the rounds. Under bf16 (autocast's types: x bf16,
+// the residual fp32) both sides also produce the bf16 copy the next matrix
+// product reads, and take its gradient back, as in the model.
+//
+//   build/bench/residual_norm_bench --threads 2 --rounds 15 [--precision bf16]
+// prints one JSON line: milliseconds per forward+backward of each, and the ratio.
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <numeric>
+
+#include "cohort/model/dropout.hpp"
+#include "cohort/model/residual_norm.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"dropout + residual + LayerNorm forward+backward: unfused against fused"};
+  int threads = 2, rounds = 15;
+  int64_t batch = 32, seq = 128, hidden = 256;
+  double p = 0.1;
+  std::string precision = "fp32";
+  app.add_option("--threads", threads)->capture_default_str();
+  app.add_option("--rounds", rounds)->capture_default_str();
+  app.add_option("--batch", batch)->capture_default_str();
+  app.add_option("--seq", seq)->capture_default_str();
+  app.add_option("--hidden", hidden)->capture_default_str();
+  app.add_option("--dropout", p)->capture_default_str();
+  app.add_option("--precision", precision, "fp32 | bf16")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  torch::set_num_threads(threads);
+  const auto low = precision == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  std::vector<int64_t> ids(static_cast<size_t>(batch));
+  std::iota(ids.begin(), ids.end(), 0);
+  cohort::DropoutRows rows(1, 0, ids);
+  auto x = torch::randn({batch, seq, hidden}).to(low).requires_grad_(true);
+  auto r = torch::randn({batch, seq, hidden}).requires_grad_(true);
+  auto w = torch::ones({hidden}).requires_grad_(true), b = torch::zeros({hidden}).requires_grad_(true);
+  auto gy = torch::randn({batch, seq, hidden}), gl = torch::randn({batch, seq, hidden}).to(low);
+  auto time = [&](bool fused) {
+    auto t0 = std::chrono::steady_clock::now();
+    cohort::Hidden h = fused ? cohort::dropout_add_layer_norm(x, r, w, b, 1e-12, p, 3, true)
+                             : cohort::dropout_add_layer_norm_unfused(x, r, w, b, 1e-12, p, 3, true);
+    if (low == torch::kFloat32) {
+      h.full.backward(gy);
+    } else {  // the product's copy: the fused pass's own, or autocast's cast
+      torch::autograd::backward({h.full, h.low.defined() ? h.low : h.full.to(low)}, {gy, gl});
+    }
+    for (auto* t : {&x, &r, &w, &b}) t->mutable_grad() = torch::Tensor();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  std::vector<double> unfused, fused;
+  for (int i = 0; i < rounds + 2; ++i) {  // two warm-up rounds
+    double a = time(false), c = time(true);
+    if (i >= 2) unfused.push_back(a), fused.push_back(c);
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  double mu = median(unfused), mf = median(fused);
+  std::printf("{\"shape\": [%ld, %ld, %ld], \"precision\": \"%s\", \"unfused_ms\": %.3f, \"fused_ms\": %.3f, "
+              "\"fused_over_unfused\": %.3f}\n",
+              static_cast<long>(batch), static_cast<long>(seq), static_cast<long>(hidden), precision.c_str(), mu, mf,
+              mf / mu);
+  return 0;
+}
