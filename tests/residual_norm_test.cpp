@@ -14,6 +14,16 @@ using namespace cohort;
 
 namespace {
 
+// The result's autograd node is the fused pass's (behind the view to x's shape).
+bool made_by_fused_pass(const torch::Tensor& y) {
+  auto node = y.grad_fn();
+  for (int depth = 0; node && depth < 2; ++depth) {
+    if (node->name().find("DropoutAddNorm") != std::string::npos) return true;
+    node = node->next_edges().empty() ? nullptr : node->next_edges()[0].function;
+  }
+  return false;
+}
+
 struct Grads {
   torch::Tensor full, low, dx, dr, dw, db;
 };
@@ -22,15 +32,16 @@ struct Grads {
 // fp32 result and gl for the bf16 copy a product reads (the unfused path's
 // result cast to bf16, as autocast casts it).
 Grads run(bool fused, const torch::Tensor& x, const torch::Tensor& r, const torch::Tensor& w, const torch::Tensor& b,
-          const torch::Tensor& gy, const torch::Tensor& gl, double p, bool training) {
+          const torch::Tensor& gy, const torch::Tensor& gl, double p, bool training, bool read_low = true) {
   auto xi = x.detach().clone().requires_grad_(true), ri = r.detach().clone().requires_grad_(true);
   auto wi = w.detach().clone().requires_grad_(true), bi = b.detach().clone().requires_grad_(true);
   Hidden h = fused ? dropout_add_layer_norm(xi, ri, wi, bi, 1e-12, p, 7, training)
                    : dropout_add_layer_norm_unfused(xi, ri, wi, bi, 1e-12, p, 7, training);
+  if (fused) EXPECT_TRUE(made_by_fused_pass(h.full));  // not the fallback
   torch::Tensor low = h.low.defined() ? h.low : h.full.to(x.scalar_type());
   // bf16 products read `low`: its gradient arrives in bf16, as a GEMM's would.
   auto loss = (h.full * gy).sum();
-  if (x.scalar_type() != r.scalar_type()) {
+  if (x.scalar_type() != r.scalar_type() && read_low) {
     torch::autograd::backward({loss, (low * gl).sum()});
   } else {
     loss.backward();
@@ -62,10 +73,10 @@ Case make_case(int64_t rows, int64_t len, int64_t h, torch::ScalarType x_type) {
   return c;
 }
 
-void compare(const Case& c, double p, bool training) {
+void compare(const Case& c, double p, bool training, bool read_low = true) {
   const bool bf16 = c.x.scalar_type() == torch::kBFloat16;
-  Grads f = run(true, c.x, c.r, c.w, c.b, c.gy, c.gl, p, training);
-  Grads u = run(false, c.x, c.r, c.w, c.b, c.gy, c.gl, p, training);
+  Grads f = run(true, c.x, c.r, c.w, c.b, c.gy, c.gl, p, training, read_low);
+  Grads u = run(false, c.x, c.r, c.w, c.b, c.gy, c.gl, p, training, read_low);
   expect_close(f.full, u.full, 1e-5, 1e-5, "y");
   if (bf16) {
     ASSERT_TRUE(f.low.defined());
@@ -89,6 +100,13 @@ TEST(ResidualNorm, FusedIsTheUnfusedOpsWithPerSampleDropout) {
     Case c = make_case(3, 9, 70, type);  // 70: lanes and a tail
     DropoutRows rows(5, 2, {4, 8, 15});
     compare(c, 0.25, /*training=*/true);
+    compare(c, 0.25, true, /*read_low=*/false);  // the last layer: only the fp32 result is read
+    // Strided inputs: the same as their contiguous copies.
+    Case t = c;
+    t.x = c.x.transpose(1, 2).contiguous().transpose(1, 2);
+    t.r = c.r.transpose(0, 1).contiguous().transpose(0, 1);
+    ASSERT_FALSE(t.x.is_contiguous());
+    compare(t, 0.25, true);
     // The dropped elements are the per-sample mask's.
     Grads f = run(true, c.x, torch::zeros_like(c.r), torch::ones_like(c.w), torch::zeros_like(c.b), c.gy, c.gl, 0.25,
                   true);
@@ -147,4 +165,30 @@ TEST(ResidualNorm, OtherCasesTakeTheUnfusedOps) {
   auto d = dropout_add_layer_norm(c.x.to(torch::kDouble), c.r.to(torch::kDouble), c.w.to(torch::kDouble),
                                   c.b.to(torch::kDouble), 1e-12, 0.0, 0, false);
   EXPECT_EQ(d.full.scalar_type(), torch::kDouble);
+}
+
+TEST(ResidualNorm, EvaluatingKeepsNothingAndGivesTheSameResult) {
+  Case c = make_case(2, 7, 96, torch::kBFloat16);
+  torch::NoGradGuard no_grad;
+  Hidden f = dropout_add_layer_norm(c.x, c.r, c.w, c.b, 1e-12, 0.1, 7, /*training=*/false);
+  Hidden u = dropout_add_layer_norm_unfused(c.x, c.r, c.w, c.b, 1e-12, 0.1, 7, false);
+  EXPECT_FALSE(f.full.requires_grad());
+  expect_close(f.full, u.full, 1e-5, 1e-5, "y");
+  EXPECT_TRUE(torch::equal(f.low, f.full.to(torch::kBFloat16)));
+}
+
+TEST(ResidualNorm, PackedAttentionShapesGoUnfused) {
+  // [R, A, L, L] under packed rows hashes with shifts: the fused pass is for
+  // hidden states only, so a 4-D input takes the unfused ops.
+  auto seq = torch::tensor({0, 0, 1, 1}, torch::kLong).view({1, 4});
+  auto pos = torch::tensor({0, 1, 0, 1}, torch::kLong).view({1, 4});
+  DropoutRows samples(3, 1, {5, 6});
+  DropoutRows packed(samples, seq, pos);
+  auto x = torch::randn({1, 2, 4, 4}, torch::requires_grad());
+  auto r = torch::randn({1, 2, 4, 4});
+  auto w = torch::ones({4}), b = torch::zeros({4});
+  Hidden f = dropout_add_layer_norm(x, r, w, b, 1e-12, 0.5, 7, true);
+  Hidden u = dropout_add_layer_norm_unfused(x, r, w, b, 1e-12, 0.5, 7, true);
+  EXPECT_FALSE(made_by_fused_pass(f.full));
+  EXPECT_TRUE(torch::equal(f.full, u.full));
 }

@@ -189,49 +189,67 @@ void with_x_type(const torch::Tensor& x, F&& f) {
   }
 }
 template <class X>
-X* bits_of(const torch::Tensor& t) {
-  return static_cast<X*>(const_cast<void*>(t.const_data_ptr()));
+const X* bits_of(const torch::Tensor& t) {
+  return static_cast<const X*>(t.const_data_ptr());
 }
 
-// Autograd for the fused pass. Inputs x [N, H] (fp32 or bf16), r [N, H]
-// fp32, w and b [H] fp32, the dropout lines' seeds [N] (empty: no
-// dropout); outputs y [N, H] fp32 and, with `low`, y rounded to bf16.
+// The forward pass over x [N, H] (fp32 or bf16), r [N, H] fp32, w and b
+// [H] fp32, with the dropout lines' seeds [N] (empty: no dropout): y [N, H]
+// fp32 and, with `low`, y rounded to bf16. With `keep`, also the sums s and
+// the rows' mean and rstd ([2, N]) that the backward reads; without, they
+// stay in per-thread scratch.
+struct Forward {
+  torch::Tensor y, y_low, s, stats;
+};
+Forward fused_forward(const torch::Tensor& x, const torch::Tensor& r, const torch::Tensor& w, const torch::Tensor& b,
+                      const torch::Tensor& seeds, double p, double eps, bool low, bool keep) {
+  const int64_t n = x.size(0), h = x.size(1);
+  Forward out;
+  out.y = torch::empty({n, h}, r.options());
+  if (low) out.y_low = torch::empty({n, h}, r.options().dtype(torch::kBFloat16));
+  if (keep) {
+    out.s = torch::empty({n, h}, r.options());
+    out.stats = torch::empty({2, n}, r.options());
+  }
+  const uint64_t threshold = keep_threshold(p);
+  const auto scale = static_cast<float>(1.0 / (1.0 - p));
+  const float* rp = r.const_data_ptr<float>();
+  const float* wp = w.const_data_ptr<float>();
+  const float* bp = b.const_data_ptr<float>();
+  float* sp = keep ? out.s.data_ptr<float>() : nullptr;
+  float* yp = out.y.data_ptr<float>();
+  auto* lp = low ? reinterpret_cast<uint16_t*>(out.y_low.data_ptr<c10::BFloat16>()) : nullptr;
+  float* mean = keep ? out.stats.data_ptr<float>() : nullptr;
+  with_x_type(x, [&](auto* tag) {
+    using X = std::remove_pointer_t<decltype(tag)>;
+    const X* xp = bits_of<X>(x);
+    at::parallel_for(0, n, std::max<int64_t>(1, 8192 / std::max<int64_t>(h, 1)), [&](int64_t begin, int64_t end) {
+      std::vector<float> f(static_cast<size_t>(h)), scratch(keep ? 0 : static_cast<size_t>(h));
+      float row_mean = 0, row_rstd = 0;
+      for (int64_t i = begin; i < end; ++i) {
+        forward_row(xp + i * h, rp + i * h, wp, bp, h, row_drop(seeds, i, threshold, scale), static_cast<float>(eps),
+                    f.data(), keep ? sp + i * h : scratch.data(), yp + i * h, lp != nullptr ? lp + i * h : nullptr,
+                    keep ? mean + i : &row_mean, keep ? mean + n + i : &row_rstd);
+      }
+    });
+  });
+  return out;
+}
+
+// Autograd for the fused pass (fused_forward's arguments).
 struct DropoutAddNormFunction : torch::autograd::Function<DropoutAddNormFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                                 const torch::Tensor& r, const torch::Tensor& w,
                                                 const torch::Tensor& b, const torch::Tensor& seeds, double p,
                                                 double eps, bool low) {
-    const int64_t n = x.size(0), h = x.size(1);
-    auto s = torch::empty({n, h}, r.options());
-    auto y = torch::empty({n, h}, r.options());
-    auto y_low = low ? torch::empty({n, h}, r.options().dtype(torch::kBFloat16)) : torch::Tensor();
-    auto stats = torch::empty({2, n}, r.options());
-    const uint64_t threshold = keep_threshold(p);
-    const auto scale = static_cast<float>(1.0 / (1.0 - p));
-    const float* rp = r.const_data_ptr<float>();
-    const float* wp = w.const_data_ptr<float>();
-    const float* bp = b.const_data_ptr<float>();
-    float* sp = s.data_ptr<float>();
-    float* yp = y.data_ptr<float>();
-    auto* lp = low ? bits_of<uint16_t>(y_low) : nullptr;
-    float* mean = stats.data_ptr<float>();
-    float* rstd = mean + n;
-    with_x_type(x, [&](auto* tag) {
-      using X = std::remove_pointer_t<decltype(tag)>;
-      const X* xp = bits_of<X>(x);
-      at::parallel_for(0, n, std::max<int64_t>(1, 8192 / std::max<int64_t>(h, 1)), [&](int64_t begin, int64_t end) {
-        std::vector<float> f(static_cast<size_t>(h));
-        for (int64_t i = begin; i < end; ++i) {
-          forward_row(xp + i * h, rp + i * h, wp, bp, h, row_drop(seeds, i, threshold, scale), static_cast<float>(eps),
-                      f.data(), sp + i * h, yp + i * h, lp != nullptr ? lp + i * h : nullptr, mean + i, rstd + i);
-        }
-      });
-    });
-    ctx->save_for_backward({s, stats, w, seeds});
+    Forward f = fused_forward(x, r, w, b, seeds, p, eps, low, /*keep=*/true);
+    ctx->save_for_backward({f.s, f.stats, w, seeds});
     ctx->saved_data["p"] = p;
     ctx->saved_data["x_bf16"] = x.scalar_type() == torch::kBFloat16;
-    if (low) return {y, y_low};
-    return {y};
+    // An output nothing read gets an undefined gradient, not zeros to add.
+    ctx->set_materialize_grads(false);
+    if (low) return {f.y, f.y_low};
+    return {f.y};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -266,7 +284,7 @@ struct DropoutAddNormFunction : torch::autograd::Function<DropoutAddNormFunction
     float* dbp = dwp + blocks * h;
     with_x_type(dx, [&](auto* tag) {
       using X = std::remove_pointer_t<decltype(tag)>;
-      X* dxp = bits_of<X>(dx);
+      X* dxp = static_cast<X*>(dx.data_ptr());
       at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
         std::vector<float> f(static_cast<size_t>(h)), g(static_cast<size_t>(h));
         for (int64_t blk = begin; blk < end; ++blk) {
@@ -291,8 +309,10 @@ bool fusable(const torch::Tensor& x, const torch::Tensor& residual, const torch:
                      bias.scalar_type() == torch::kFloat;
   const bool shapes = x.dim() >= 2 && x.sizes() == residual.sizes() && weight.dim() == 1 && bias.dim() == 1 &&
                       weight.size(0) == x.size(-1) && bias.size(0) == x.size(-1);
-  // Fused masks are the per-sample ones; torch's generator's go unfused.
-  return on_cpu && types && shapes && (!dropping || DropoutRows::current() != nullptr);
+  // Fused masks are the per-sample ones of hidden states ([B, L, H], packed
+  // or not); torch's generator's, and other shapes under DropoutRows, go unfused.
+  const DropoutRows* rows = DropoutRows::current();
+  return on_cpu && types && shapes && (!dropping || (rows != nullptr && x.dim() == 3));
 }
 
 }  // namespace
@@ -315,8 +335,16 @@ Hidden dropout_add_layer_norm(const torch::Tensor& x, const torch::Tensor& resid
   torch::Tensor seeds = dropping ? lines_of(x, rows_for(x), site).seeds : torch::empty({0}, torch::kInt64);
   const int64_t h = x.size(-1);
   const bool low = x.scalar_type() != residual.scalar_type();
-  auto outs = DropoutAddNormFunction::apply(x.contiguous().view({-1, h}), residual.contiguous().view({-1, h}), weight,
-                                            bias, seeds, dropping ? p : 0.0, eps, low);
+  auto x2 = x.contiguous().view({-1, h}), r2 = residual.contiguous().view({-1, h});
+  auto w1 = weight.contiguous(), b1 = bias.contiguous();
+  const double kept_p = dropping ? p : 0.0;
+  const bool grad = torch::GradMode::is_enabled() &&
+                    (x.requires_grad() || residual.requires_grad() || weight.requires_grad() || bias.requires_grad());
+  if (!grad) {  // evaluating: nothing kept for a backward
+    Forward f = fused_forward(x2, r2, w1, b1, seeds, kept_p, eps, low, /*keep=*/false);
+    return {f.y.view(x.sizes()), low ? f.y_low.view(x.sizes()) : torch::Tensor()};
+  }
+  auto outs = DropoutAddNormFunction::apply(x2, r2, w1, b1, seeds, kept_p, eps, low);
   Hidden out;
   out.full = outs[0].view(x.sizes());
   if (low) out.low = outs[1].view(x.sizes());
