@@ -37,7 +37,9 @@ Grads run(bool fused, const torch::Tensor& x, const torch::Tensor& r, const torc
   auto wi = w.detach().clone().requires_grad_(true), bi = b.detach().clone().requires_grad_(true);
   Hidden h = fused ? dropout_add_layer_norm(xi, ri, wi, bi, 1e-12, p, 7, training)
                    : dropout_add_layer_norm_unfused(xi, ri, wi, bi, 1e-12, p, 7, training);
-  if (fused) EXPECT_TRUE(made_by_fused_pass(h.full));  // not the fallback
+  if (fused) {
+    EXPECT_TRUE(made_by_fused_pass(h.full));  // not the fallback
+  }
   torch::Tensor low = h.low.defined() ? h.low : h.full.to(x.scalar_type());
   // bf16 products read `low`: its gradient arrives in bf16, as a GEMM's would.
   auto loss = (h.full * gy).sum();
