@@ -5,8 +5,6 @@
 #include <ATen/Parallel.h>
 #include <torch/autograd.h>
 
-#include <cstring>
-
 #include "cohort/core/error.hpp"
 #include "cohort/core/random.hpp"
 #include "cohort/model/dropout_lines.hpp"
