@@ -31,6 +31,7 @@
 #include "cohort/model/dropout.hpp"
 #include "cohort/train/optim.hpp"
 #include "cohort/train/precision.hpp"
+#include "interleave.hpp"
 
 namespace {
 
@@ -233,10 +234,9 @@ int main(int argc, char** argv) {
     print_profile(steps - steps / 4, profile);
   }
   if (dropout_rng == "both") {
-    auto median = [](std::vector<double> v) {
+    auto median = [](std::vector<double> v) {  // of the steady steps: the first quarter dropped
       v.erase(v.begin(), v.begin() + static_cast<long>(v.size() / 4));
-      std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
+      return bench::median(std::move(v));
     };
     double rank_ms = median(times) * 1e3, sample_ms = median(sample_times) * 1e3;
     std::printf("{\"step_ms_rank\": %.3f, \"step_ms_sample\": %.3f, \"sample_over_rank\": %.4f, \"precision\": \"%s\"}\n",

@@ -8,13 +8,13 @@
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <numeric>
 #include <optional>
 
 #include "cohort/model/dropout.hpp"
+#include "interleave.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"dropout forward+backward: libtorch's against per-sample masks"};
@@ -46,16 +46,8 @@ int main(int argc, char** argv) {
       x.mutable_grad() = torch::Tensor();
       return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     };
-    std::vector<double> libtorch, sample;
-    for (int r = 0; r < rounds + 2; ++r) {  // two warm-up rounds
-      double a = time(false), b = time(true);
-      if (r >= 2) libtorch.push_back(a), sample.push_back(b);
-    }
-    auto median = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
-    };
-    double ml = median(libtorch), ms = median(sample);
+    const auto [ml, ms] =
+        cohort::bench::interleaved_medians(rounds, /*warmup=*/2, [&] { return time(false); }, [&] { return time(true); });
     std::printf("{\"shape\": \"%s\", \"precision\": \"%s\", \"libtorch_ms\": %.3f, \"sample_ms\": %.3f, "
                 "\"sample_over_libtorch\": %.3f, \"ns_per_element\": %.3f}\n",
                 shape.size() == 3 ? "[B,L,H]" : "[B,A,L,L]", precision.c_str(), ml, ms, ms / ml,

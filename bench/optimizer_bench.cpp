@@ -15,15 +15,7 @@
 #include "cohort/config/config.hpp"
 #include "cohort/model/bert.hpp"
 #include "cohort/train/optim.hpp"
-
-namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-}  // namespace
+#include "interleave.hpp"
 
 int main(int argc, char** argv) {
   using namespace cohort;
@@ -81,7 +73,7 @@ int main(int argc, char** argv) {
   }
   t_plain.erase(t_plain.begin());  // first step allocates the moments
   t_fused.erase(t_fused.begin());
-  double mp = median(t_plain), mf = median(t_fused);
+  double mp = bench::median(t_plain), mf = bench::median(t_fused);
   std::printf("AdamW on BERT H=%lld L=%lld V=%lld (%.1f M params), %d thread(s), median of %zu steps\n",
               static_cast<long long>(c.hidden), static_cast<long long>(c.layers),
               static_cast<long long>(c.vocab_size), static_cast<double>(numel) / 1e6, threads, t_plain.size());

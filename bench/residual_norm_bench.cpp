@@ -10,13 +10,13 @@
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <numeric>
 
 #include "cohort/model/dropout.hpp"
 #include "cohort/model/residual_norm.hpp"
+#include "interleave.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"dropout + residual + LayerNorm forward+backward: unfused against fused"};
@@ -53,16 +53,8 @@ int main(int argc, char** argv) {
     for (auto* t : {&x, &r, &w, &b}) t->mutable_grad() = torch::Tensor();
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   };
-  std::vector<double> unfused, fused;
-  for (int i = 0; i < rounds + 2; ++i) {  // two warm-up rounds
-    double a = time(false), c = time(true);
-    if (i >= 2) unfused.push_back(a), fused.push_back(c);
-  }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  double mu = median(unfused), mf = median(fused);
+  const auto [mu, mf] =
+      cohort::bench::interleaved_medians(rounds, /*warmup=*/2, [&] { return time(false); }, [&] { return time(true); });
   std::printf("{\"shape\": [%ld, %ld, %ld], \"precision\": \"%s\", \"unfused_ms\": %.3f, \"fused_ms\": %.3f, "
               "\"fused_over_unfused\": %.3f}\n",
               static_cast<long>(batch), static_cast<long>(seq), static_cast<long>(hidden), precision.c_str(), mu, mf,

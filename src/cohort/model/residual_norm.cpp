@@ -169,14 +169,18 @@ COHORT_VECTOR_CLONES void backward_row(const float* dy, const uint16_t* dy_low, 
   backward_row_body(dy, dy_low, s, w, h, mean, rstd, f, g, dr, dx, dw, db);
 }
 
-RowDrop row_drop(const torch::Tensor& seeds, int64_t row, uint64_t threshold, float scale) {
+// Row `row`'s dropout from the lines' seeds (nullptr: no dropout).
+RowDrop row_drop(const uint64_t* seeds, int64_t row, uint64_t threshold, float scale) {
   RowDrop d;
-  if (seeds.numel() == 0) return d;
+  if (seeds == nullptr) return d;
   d.on = true;
-  d.seed = reinterpret_cast<const uint64_t*>(seeds.const_data_ptr<int64_t>())[row];
+  d.seed = seeds[row];
   d.threshold = threshold;
   d.scale = scale;
   return d;
+}
+const uint64_t* seeds_of(const torch::Tensor& seeds) {
+  return seeds.numel() == 0 ? nullptr : reinterpret_cast<const uint64_t*>(seeds.const_data_ptr<int64_t>());
 }
 
 // x dtype dispatch: fp32, or bf16 as its bits.
@@ -220,6 +224,7 @@ Forward fused_forward(const torch::Tensor& x, const torch::Tensor& r, const torc
   float* yp = out.y.data_ptr<float>();
   auto* lp = low ? reinterpret_cast<uint16_t*>(out.y_low.data_ptr<c10::BFloat16>()) : nullptr;
   float* mean = keep ? out.stats.data_ptr<float>() : nullptr;
+  const uint64_t* seed = seeds_of(seeds);
   with_x_type(x, [&](auto* tag) {
     using X = std::remove_pointer_t<decltype(tag)>;
     const X* xp = bits_of<X>(x);
@@ -227,7 +232,7 @@ Forward fused_forward(const torch::Tensor& x, const torch::Tensor& r, const torc
       std::vector<float> f(static_cast<size_t>(h)), scratch(keep ? 0 : static_cast<size_t>(h));
       float row_mean = 0, row_rstd = 0;
       for (int64_t i = begin; i < end; ++i) {
-        forward_row(xp + i * h, rp + i * h, wp, bp, h, row_drop(seeds, i, threshold, scale), static_cast<float>(eps),
+        forward_row(xp + i * h, rp + i * h, wp, bp, h, row_drop(seed, i, threshold, scale), static_cast<float>(eps),
                     f.data(), keep ? sp + i * h : scratch.data(), yp + i * h, lp != nullptr ? lp + i * h : nullptr,
                     keep ? mean + i : &row_mean, keep ? mean + n + i : &row_rstd);
       }
@@ -282,6 +287,7 @@ struct DropoutAddNormFunction : torch::autograd::Function<DropoutAddNormFunction
     float* drp = dr.data_ptr<float>();
     float* dwp = partial.data_ptr<float>();
     float* dbp = dwp + blocks * h;
+    const uint64_t* seed = seeds_of(seeds);
     with_x_type(dx, [&](auto* tag) {
       using X = std::remove_pointer_t<decltype(tag)>;
       X* dxp = static_cast<X*>(dx.data_ptr());
@@ -290,7 +296,7 @@ struct DropoutAddNormFunction : torch::autograd::Function<DropoutAddNormFunction
         for (int64_t blk = begin; blk < end; ++blk) {
           for (int64_t i = blk * kBlockRows; i < std::min(n, (blk + 1) * kBlockRows); ++i) {
             backward_row(dyp != nullptr ? dyp + i * h : nullptr, dlp != nullptr ? dlp + i * h : nullptr, sp + i * h, wp,
-                         h, mean[i], rstd[i], row_drop(seeds, i, threshold, scale), f.data(), g.data(), drp + i * h,
+                         h, mean[i], rstd[i], row_drop(seed, i, threshold, scale), f.data(), g.data(), drp + i * h,
                          dxp + i * h, dwp + blk * h, dbp + blk * h);
           }
         }
