@@ -234,27 +234,40 @@ TEST(Restart, KillNineAtRandomStepsStillFinishesExactly) {
   auto reference = run_cohort(common.substr(std::string(COHORT_BIN).size() + 1) + " --out " + (tmp / "ref"));
   ASSERT_EQ(reference.code, 0) << reference.err;
 
-  cohort::test::Background job(common + " --max-restarts 5 --out " + (tmp / "run"), tmp, "job");
+  // The job may run only as far as the gate file allows (COHORT_DEBUG_GATE),
+  // so it cannot finish before the faults however fast or slow the machine.
+  const std::string gate = tmp / "gate";
+  auto allow = [&](int64_t step) { cohort::test::write_file(gate, std::to_string(step)); };
+  allow(150);
+  cohort::test::Background job("env COHORT_DEBUG_GATE=" + gate + " " + common + " --max-restarts 5 --out " + (tmp / "run"),
+                               tmp, "job");
   std::mt19937 rng(12345);
   int kills = 0;
   std::set<pid_t> all_workers;
+  auto latest_step = [&] {
+    std::string name = cohort::test::read_file(tmp / "run/checkpoints/latest");
+    return name.rfind("step-", 0) == 0 ? std::stoll(name.substr(5)) : int64_t{-1};
+  };
   for (int trial = 0; trial < 3; ++trial) {
-    // Wait for a checkpoint of this generation, then a random moment more.
-    auto ckpts = [&] { return cohort::test::read_file(tmp / "run/checkpoints/latest"); };
-    auto deadline = std::chrono::steady_clock::now() + 60s;
-    std::string before = ckpts();
-    while (ckpts() == before && std::chrono::steady_clock::now() < deadline)
+    // This generation's checkpoint beyond what the last one was allowed to
+    // reach, then a random moment more (the job may be waiting at the gate).
+    const int64_t limit = 150 * (trial + 1);
+    auto deadline = std::chrono::steady_clock::now() + 300s;
+    while (latest_step() < limit - 50 && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_GE(latest_step(), limit - 50) << job.err();
     std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(10, 300)(rng)));
     auto workers = cohort::test::children_of(job.pid());
-    if (workers.size() != 3) break;  // finished already
+    ASSERT_EQ(workers.size(), 3u) << job.err();
     all_workers.insert(workers.begin(), workers.end());
     pid_t victim = workers[std::uniform_int_distribution<size_t>(0, 2)(rng)];
     if (kill(victim, SIGKILL) == 0) ++kills;
+    allow(limit + 150);
   }
-  int code = job.wait(120s);
+  allow(600);
+  int code = job.wait(300s);
   ASSERT_EQ(code, 0) << job.err();
-  EXPECT_GE(kills, 2) << "the job ended before the faults: make it longer";
+  EXPECT_EQ(kills, 3);
   EXPECT_NE(job.err().find("restarting all 3 local rank(s)"), std::string::npos) << job.err();
   for (pid_t p : all_workers) EXPECT_FALSE(cohort::test::alive(p)) << "worker " << p << " left behind";
 

@@ -348,3 +348,57 @@ TEST(Elastic, NodeZerosRankIsLostAndItsStoreStays) {
   EXPECT_EQ(lines_of_kind(metrics, "train").size(), 80u);
   expect_every_sample_once(tmp / "run", 240, 4);
 }
+
+// A member lost at a chosen moment of step 13 (COHORT_DEBUG_DIE): after
+// its update was applied everywhere but before anything of the step was
+// logged, or after the step's train line was agreed but before rank 0 wrote
+// it. The next world logs what the old one could not: one train line per
+// step, every sample of every epoch once in sample-ids/, and a summary that
+// counts every world's steps.
+struct LostAt {
+  int rank;
+  const char* point;
+};
+
+class ElasticLoss : public ::testing::TestWithParam<LostAt> {};
+
+TEST_P(ElasticLoss, TheStepInFlightKeepsItsRecords) {
+  const LostAt lost = GetParam();
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 240);
+  const int port = cohort::test::free_port();
+  std::string args = elastic_args(tmp, "127.0.0.1", port, 4) + " --oversubscribe";
+  args.erase(args.find(" --quiet"), 8);  // the summary line is checked
+  std::vector<std::unique_ptr<Background>> nodes;
+  for (int n = 0; n < 3; ++n) {
+    // The first world's ranks follow the node ranks.
+    std::string env = n == lost.rank ? cohort::test::format("env COHORT_DEBUG_DIE=%d:13:%s ", n, lost.point) : "";
+    nodes.push_back(std::make_unique<Background>(env + COHORT_BIN + args + " --node-rank " + std::to_string(n), tmp,
+                                                 "n" + std::to_string(n)));
+  }
+  std::string survivors_out;
+  for (int n = 0; n < 3; ++n) {
+    if (n == lost.rank) continue;
+    ASSERT_EQ(nodes[static_cast<size_t>(n)]->wait(180s), 0) << nodes[static_cast<size_t>(n)]->err();
+    survivors_out += nodes[static_cast<size_t>(n)]->out() + nodes[static_cast<size_t>(n)]->err();
+  }
+  const std::string metrics = tmp / "run/metrics.jsonl";
+  auto changes = lines_of_kind(metrics, "membership");
+  ASSERT_EQ(changes.size(), 1u) << read_file(metrics);
+  EXPECT_EQ(changes[0]["world_size"], 2);
+  EXPECT_EQ(changes[0]["step"], 13) << changes[0].dump();
+  std::vector<int64_t> steps;
+  for (const auto& j : lines_of_kind(metrics, "train")) steps.push_back(j["step"].get<int64_t>());
+  std::vector<int64_t> every(80);
+  std::iota(every.begin(), every.end(), 1);
+  EXPECT_EQ(steps, every) << read_file(metrics);
+  expect_every_sample_once(tmp / "run", 240, 4);
+  EXPECT_NE(survivors_out.find("cohort: done: 80 steps"), std::string::npos) << survivors_out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Moments, ElasticLoss,
+                         ::testing::Values(LostAt{2, "applied"}, LostAt{0, "applied"}, LostAt{0, "line"},
+                                           LostAt{1, "line"}),
+                         [](const ::testing::TestParamInfo<LostAt>& i) {
+                           return "Rank" + std::to_string(i.param.rank) + "_" + i.param.point;
+                         });

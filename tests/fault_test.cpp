@@ -32,6 +32,13 @@ std::string tiny_args(const TempDir& tmp, const std::string& out) {
          (out.empty() ? "" : " --out " + (tmp / out));
 }
 
+bool wait_for(const std::function<bool()>& done, std::chrono::seconds limit) {
+  for (auto end = Clock::now() + limit; Clock::now() < end; std::this_thread::sleep_for(20ms)) {
+    if (done()) return true;
+  }
+  return false;
+}
+
 // Waits until `file` holds `text`, or `limit` passes.
 bool wait_for_text(const std::string& file, const std::string& text, std::chrono::seconds limit) {
   auto end = Clock::now() + limit;
@@ -77,14 +84,15 @@ TEST(Fault, StopSignalEndsTheRendezvousAtOnce) {
   std::string args = tiny_args(tmp, "run") + " --train.max-steps 2 --dist.timeout 300";
   for (auto [rank, sig] : {std::pair{0, SIGINT}, std::pair{1, SIGTERM}}) {
     Background lone(env + "RANK=" + std::to_string(rank) + " " + COHORT_BIN + args, tmp, "r" + std::to_string(rank));
-    // Into the rendezvous: rank 0 hosts the store (its stop handlers are
-    // installed before); rank 1 has nothing to observe but time.
+    // Into the rendezvous: its stop handlers are installed just before it
+    // (the process catches the signal), and rank 0 then hosts the store.
+    ASSERT_TRUE(wait_for([&] { return cohort::test::catches(lone.pid(), sig); }, 120s)) << lone.err();
     if (rank == 0) ASSERT_TRUE(wait_for_listen(port, 60s)) << lone.err();
-    std::this_thread::sleep_for(rank == 0 ? 500ms : 6s);
     auto t0 = Clock::now();
     kill(lone.pid(), sig);
-    int code = lone.wait(20s);
-    EXPECT_LT(Clock::now() - t0, 5s) << "rank " << rank;
+    int code = lone.wait(120s);
+    // Far less than dist.timeout (300 s), however loaded the machine.
+    EXPECT_LT(Clock::now() - t0, 60s) << "rank " << rank;
     EXPECT_EQ(code, 128 + sig) << lone.err();
     EXPECT_NE(lone.err().find("interrupted while"), std::string::npos) << lone.err();
   }
@@ -97,12 +105,12 @@ TEST(Fault, StopSignalEndsTheNodeMeetingAtOnce) {
   Background node1(std::string(COHORT_BIN) + tiny_args(tmp, "run") + " --nnodes 2 --node-rank 0 --dist.timeout 300 "
                        "--init-method tcp://127.0.0.1:" + std::to_string(port),
                    tmp, "node0");
-  ASSERT_TRUE(wait_for_listen(port, 60s)) << node1.err();  // node 0's launcher hosts the store, signals blocked
-  std::this_thread::sleep_for(500ms);
+  // Node 0's launcher blocks the signals it collects before it hosts the store.
+  ASSERT_TRUE(wait_for_listen(port, 60s)) << node1.err();
   auto t0 = Clock::now();
   kill(node1.pid(), SIGTERM);
-  EXPECT_EQ(node1.wait(20s), 128 + SIGTERM) << node1.err();
-  EXPECT_LT(Clock::now() - t0, 5s);
+  EXPECT_EQ(node1.wait(120s), 128 + SIGTERM) << node1.err();
+  EXPECT_LT(Clock::now() - t0, 60s);  // not dist.timeout (300 s)
   EXPECT_NE(node1.err().find("while the nodes were meeting"), std::string::npos) << node1.err();
 }
 
@@ -119,16 +127,17 @@ TEST(Fault, StrayRankIsRefusedAndTheJobGoesOn) {
   ASSERT_TRUE(wait_for_text(tmp / "run/metrics.jsonl", "\"step\":3,", 60s)) << job.err();
   std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " ";
   auto t0 = Clock::now();
-  auto taken = run_cohort(tiny_args(tmp, "stray") + " --train.max-steps 2 --dist.timeout 30",
+  // Refused at once: far sooner than the strays' dist.timeout, however loaded the machine.
+  auto taken = run_cohort(tiny_args(tmp, "stray") + " --train.max-steps 2 --dist.timeout 300",
                           env + "RANK=1 WORLD_SIZE=2");
   EXPECT_EQ(taken.code, 2) << taken.err;
   EXPECT_NE(taken.err.find("another process already joined the job at tcp://127.0.0.1:" + std::to_string(port) +
                            " as rank 1"), std::string::npos) << taken.err;
-  auto bigger = run_cohort(tiny_args(tmp, "stray2") + " --train.max-steps 2 --dist.timeout 30",
+  auto bigger = run_cohort(tiny_args(tmp, "stray2") + " --train.max-steps 2 --dist.timeout 300",
                            env + "RANK=2 WORLD_SIZE=3");
   EXPECT_EQ(bigger.code, 2) << bigger.err;
   EXPECT_NE(bigger.err.find("has 2 ranks but this process was told 3"), std::string::npos) << bigger.err;
-  EXPECT_LT(Clock::now() - t0, 15s);
+  EXPECT_LT(Clock::now() - t0, 120s);
   EXPECT_EQ(job.wait(1s), -1) << "the job stopped: " << job.err();
   kill(job.pid(), SIGINT);
   EXPECT_EQ(job.wait(30s), 128 + SIGINT) << job.err();
@@ -161,7 +170,7 @@ TEST(Fault, UnresolvableHostAndAbsurdRankCountsAreUsageErrors) {
 
   auto t0 = Clock::now();
   auto many = run_cohort(tiny_args(tmp, "b") + " --nproc-per-node 100000");
-  EXPECT_LT(Clock::now() - t0, 10s);
+  EXPECT_LT(Clock::now() - t0, 60s);  // refused, not a hang
   EXPECT_EQ(many.code, 2) << many.err;
   EXPECT_NE(many.err.find("--nproc-per-node 100000 is more than the"), std::string::npos) << many.err;
   EXPECT_NE(many.err.find("--oversubscribe"), std::string::npos) << many.err;

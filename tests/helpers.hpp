@@ -267,6 +267,27 @@ inline std::vector<pid_t> children_of(pid_t parent) {
 
 inline bool alive(pid_t pid) { return kill(pid, 0) == 0; }
 
+// Whether process `pid` has a handler for signal `sig` (SigCgt in /proc):
+// an event a test can wait for instead of a guess at start-up time.
+inline bool catches(pid_t pid, int sig) {
+  std::string status = read_file("/proc/" + std::to_string(pid) + "/status");
+  auto at = status.find("SigCgt:");
+  if (at == std::string::npos) return false;
+  return (std::stoull(status.substr(at + 7, 32), nullptr, 16) >> (sig - 1)) & 1u;
+}
+
+// Whether something accepts connections on 127.0.0.1:`port`.
+inline bool listening(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  close(fd);
+  return ok;
+}
+
 
 // N "hosts" on one machine: a network namespace each, joined by a bridge
 // in a namespace of their own, host i at 10.SUBNET.0.(i+1). Needs root and

@@ -170,7 +170,10 @@ TEST(Launch, PortInUseIsAClearError) {
   Background holder("python3 -c 'import socket,time; s=socket.socket(); s.bind((\"127.0.0.1\"," +
                         std::to_string(port) + ")); s.listen(); time.sleep(60)'",
                     tmp, "holder");
-  std::this_thread::sleep_for(500ms);
+  for (auto end = std::chrono::steady_clock::now() + 120s; !cohort::test::listening(port);) {
+    ASSERT_LT(std::chrono::steady_clock::now(), end) << "the port holder never listened";
+    std::this_thread::sleep_for(20ms);
+  }
   cohort::test::write_tiny_dataset(tmp);
   auto r = run_cohort("train --nproc-per-node 2 --init-method tcp://127.0.0.1:" + std::to_string(port) +
                       " --dist.timeout 5 --data.path " + tmp.path() + " --out " + (tmp / "run"));
@@ -411,11 +414,13 @@ TEST(Launch, RestartAfterResumeWithoutOutKeepsProgress) {
   auto workers = children_of(job.pid());
   ASSERT_EQ(workers.size(), 1u);
   kill(workers[0], SIGKILL);
-  deadline = std::chrono::steady_clock::now() + 60s;
-  while (job.err().find("restarting all 1 local rank") == std::string::npos && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(20ms);
-  // The restarted rank is training once its metrics pass step 100 again.
-  std::this_thread::sleep_for(2s);
+  const int64_t at_kill = latest();  // a dead rank writes no more
+  // The restarted rank has started (and set aside what it would) once it
+  // writes a checkpoint of its own.
+  deadline = std::chrono::steady_clock::now() + 300s;
+  while (latest() <= at_kill && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(20ms);
+  ASSERT_GT(latest(), at_kill) << job.err();
+  EXPECT_NE(job.err().find("restarting all 1 local rank"), std::string::npos) << job.err();
   kill(job.pid(), SIGINT);
   EXPECT_EQ(job.wait(30s), 128 + SIGINT) << job.err();
   std::vector<std::string> aside;

@@ -14,6 +14,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/ckpt/export.hpp"
@@ -47,6 +48,42 @@ int fail(const std::string& msg, int code) {
   }
   std::fprintf(stderr, "cohort: error: %s\n", line.c_str());
   return code;
+}
+
+// Testing aids, so that a test waits for an event instead of guessing how
+// fast the machine is. COHORT_DEBUG_GATE=FILE holds every rank before step N
+// until FILE holds a number >= N (a test lets the job go step by step);
+// COHORT_DEBUG_DIE=RANK:STEP:POINT kills rank RANK (SIGKILL) at POINT of
+// step STEP: `applied` (its update applied, nothing logged) or `line` (its
+// train line agreed, not yet written).
+std::function<void(StepPoint, int64_t)> debug_hook(const Env& env, int rank) {
+  std::string gate;
+  if (auto it = env.find("COHORT_DEBUG_GATE"); it != env.end()) gate = it->second;
+  std::optional<std::pair<int64_t, StepPoint>> die;
+  if (auto it = env.find("COHORT_DEBUG_DIE"); it != env.end()) {
+    std::istringstream in(it->second);
+    std::string r, step, point;
+    const bool ok = std::getline(in, r, ':') && std::getline(in, step, ':') && std::getline(in, point) &&
+                    (point == "applied" || point == "line");
+    COHORT_CHECK(ok, UsageError, "COHORT_DEBUG_DIE must be RANK:STEP:applied|line (got '", it->second, "')");
+    try {
+      if (std::stoi(r) == rank) die.emplace(std::stoll(step), point == "applied" ? StepPoint::kApplied : StepPoint::kLine);
+    } catch (const std::exception&) {
+      throw UsageError(detail::cat("COHORT_DEBUG_DIE: '", it->second, "' has no numbers for RANK and STEP"));
+    }
+  }
+  if (gate.empty() && !die) return nullptr;
+  return [gate, die](StepPoint point, int64_t step) {
+    if (die && die->first == step && die->second == point) ::kill(::getpid(), SIGKILL);
+    if (gate.empty() || point != StepPoint::kBegin) return;
+    for (;;) {
+      std::ifstream in(gate);
+      int64_t allowed = 0;
+      if ((in >> allowed) && allowed >= step) return;
+      if (stop_requested()) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  };
 }
 
 }  // namespace
@@ -372,6 +409,7 @@ int cli_main(int argc, char** argv) {
         configure_process(cfg.train, world);
         r.debug_delay_ms = 0;
         r.debug_slowdown = 1;
+        r.at = debug_hook(env, world.rank);
         if (auto v = for_rank("COHORT_DEBUG_DELAY", world.rank)) r.debug_delay_ms = static_cast<int>(number("COHORT_DEBUG_DELAY", *v));
         if (auto v = for_rank("COHORT_DEBUG_SLOWDOWN", world.rank)) {
           r.debug_slowdown = number("COHORT_DEBUG_SLOWDOWN", *v);

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -24,6 +25,13 @@ namespace cohort {
 class Reporter;
 
 enum class RunMode { kFresh, kOverwrite, kResume };
+
+// Named moments of a training step, where RunOptions::at is called.
+enum class StepPoint {
+  kBegin,    // step N is about to take its batch
+  kApplied,  // step N's update is applied; nothing of it is logged yet
+  kLine,     // step N's train line is agreed on every rank; rank 0 writes it next
+};
 
 struct RunOptions {
   std::string out_dir;       // RUN_DIR
@@ -43,14 +51,18 @@ struct RunOptions {
   std::shared_ptr<Reporter> reporter;
   int debug_delay_ms = 0;    // testing aid: sleep this long in every forward
   double debug_slowdown = 1; // testing aid: compute this many times slower (sleeps)
+  // Testing aid, called with step N at each StepPoint (null: never): the
+  // app installs it from COHORT_DEBUG_GATE and COHORT_DEBUG_DIE, so that a
+  // test holds a job at a step or kills a rank at a chosen moment instead of
+  // guessing how fast the machine is.
+  std::function<void(StepPoint, int64_t)> at;
 
   RunMode mode() const { return resume || from_peers ? RunMode::kResume : overwrite ? RunMode::kOverwrite : RunMode::kFresh; }
 };
 
 struct RunSummary {
   int64_t steps = 0;
-  std::vector<double> step_losses;  // every step's mean loss over this rank's share
-                                    // (metrics.jsonl has the all-rank means)
+  std::vector<double> step_losses;  // every step's mean loss over all ranks, this world's
   double final_eval_loss = 0;
   double final_eval_accuracy = 0;
   double seconds = 0;

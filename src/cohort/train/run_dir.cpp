@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/files.hpp"
@@ -75,6 +76,41 @@ std::vector<std::string> RunDir::set_aside_checkpoints_after(int64_t step) const
     notes.push_back("moved aside newer checkpoint " + n + " (now " + target.filename().string() + ")");
   }
   return notes;
+}
+
+bool RunDir::has_train_line(int64_t step) const {
+  std::ifstream in(metrics_file());
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.value("kind", "") == "train" && j.value("step", int64_t{-1}) == step) return true;
+  }
+  return false;
+}
+
+size_t RunDir::complete_sample_ids(int64_t step, int64_t epoch, const std::vector<int64_t>& step_ids, int rank) const {
+  std::set<int64_t> missing(step_ids.begin(), step_ids.end());
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(fs::path(path_) / "sample-ids", ec)) {
+    std::ifstream in(e.path());
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (!j.is_object() || j.value("step", int64_t{-1}) != step || !j.contains("ids")) continue;
+      for (const auto& id : j["ids"]) missing.erase(id.get<int64_t>());
+    }
+  }
+  if (missing.empty()) return 0;
+  std::string file = sample_ids_file(rank);
+  fs::create_directories(fs::path(file).parent_path(), ec);
+  // Ids in the step's own order, as its ranks would have logged them.
+  std::vector<int64_t> ids;
+  for (int64_t id : step_ids) {
+    if (missing.count(id)) ids.push_back(id);
+  }
+  std::ofstream out(file, std::ios::app);
+  out << nlohmann::json({{"step", step}, {"epoch", epoch}, {"ids", ids}, {"recovered", true}}).dump() << '\n'
+      << std::flush;
+  COHORT_CHECK(out.good(), Error, file, ": cannot write the recovered sample ids of step ", step);
+  return ids.size();
 }
 
 }  // namespace cohort

@@ -36,6 +36,16 @@ class RunDir {
   // than it, which belong to an abandoned future. Returns lines to report.
   std::vector<std::string> prepare(RunMode mode, const std::string& config_toml, int64_t resumed_step) const;
 
+  // Elastic: a world that lost a member right after step `step` (its update
+  // applied everywhere) may have left the step's records incomplete. These
+  // complete them, for the next world's rank 0.
+  // Whether metrics.jsonl has a train line for `step`.
+  bool has_train_line(int64_t step) const;
+  // Writes the ids of `step_ids` (the step's whole global batch) that no
+  // sample-ids file holds for `step` to rank `rank`'s file, as one line
+  // marked "recovered". Returns how many.
+  size_t complete_sample_ids(int64_t step, int64_t epoch, const std::vector<int64_t>& step_ids, int rank) const;
+
  private:
   // Keeps the JSON lines of `file` whose "step" is at most `step` (and drops
   // a torn last line).

@@ -5,11 +5,15 @@
 // the fp16 loss scale and every rank's RNG stream (dropout masks).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/data/order.hpp"
+#include "cohort/eval/tally.hpp"
+#include "cohort/obs/reporter.hpp"
 #include "cohort/train/precision.hpp"
 
 namespace cohort {
@@ -48,6 +52,14 @@ struct Handover {
   std::string optimizer;  // the optimizer's libtorch archive
   torch::Tensor scaler;   // the fp16 loss scaler's state; undefined when off
   torch::Tensor rng;      // this process's CPU generator at the last step boundary
+  // The record of the last step, so that the next world logs it when the
+  // world that took it could not (a member lost after its update).
+  Cursor step_cursor;                    // where the last step's global batch started
+  std::optional<TrainReport> train_line;  // the last step's train line, when one was due
+  Tally interval;                        // the open log interval's metrics, summed over ranks
+  // Where this process's first world began: the run's summary counts every world.
+  int64_t first_step = 0;
+  std::chrono::steady_clock::time_point started;
 };
 
 // The default CPU generator's state, and setting it.

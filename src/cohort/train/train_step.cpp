@@ -88,6 +88,10 @@ StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch
   }
   auto t_comm = Clock::now();
   parts.grad_sync.finalize();
+  // The step's metrics are summed over the ranks before its update is
+  // applied, so every rank that applies it holds its whole record: when a
+  // member is lost right after, the survivors can still log the step.
+  result.tally.unflatten(parts.comm.all_reduce_sum(result.tally.flatten(), "step metrics"));
   auto t_optim = timer.lap(Phase::kComm, t_comm);
   result.units = static_cast<int64_t>(units.back());
   result.loss = metric_value(parts.task.report(result.tally), "loss");
@@ -96,7 +100,7 @@ StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch
   // scale. Otherwise a non-finite gradient is fatal: training has diverged.
   if (state.scaler.unscale_and_update(module)) {
     double norm = clip_gradients(module, parts.clip_norm);  // global: the gradients are reduced
-    COHORT_CHECK(std::isfinite(norm), Error, "step ", state.step, ": non-finite gradients (this rank's loss ",
+    COHORT_CHECK(std::isfinite(norm), Error, "step ", state.step, ": non-finite gradients (loss ",
                  result.loss, "); lower optim.lr or enable optim.clip-norm");
     set_lr(parts.optimizer, parts.schedule.at(state.step));
     parts.optimizer.step();

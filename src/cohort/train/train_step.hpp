@@ -43,15 +43,16 @@ struct StepParts {
 };
 
 struct StepResult {
-  double loss = 0;     // this rank's share of the step's mean loss
-  Tally tally;         // this rank's metric sums
+  double loss = 0;     // the step's mean loss over all ranks
+  Tally tally;         // the step's metric sums over all ranks
   int64_t units = 0;   // global throughput units (images, tokens)
   int64_t samples = 0;     // this rank's samples
   double compute_s = 0;    // this rank's forward + backward seconds
 };
 
 // Takes step `state.step` on `batch` (collective: every rank calls it with
-// its share). Updates the loss scale; the caller advances the step and
+// its share). The step's metrics are reduced over the ranks before the
+// update is applied. Updates the loss scale; the caller advances the step and
 // cursor. Error naming the step when gradients are non-finite (without
 // fp16's loss scaling, that is divergence).
 StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch& batch, PhaseTimer& timer);

@@ -208,6 +208,8 @@ struct Trainer::Parts {
   std::string last_eval_text;  // "; test:  accuracy 0.8873  loss 0.3089"
   RunSummary summary;
   torch::Tensor rng_mark;       // this rank's generator at the last step boundary (elastic handover)
+  Cursor step_cursor;           // where the last step's global batch started (elastic handover)
+  std::optional<TrainReport> last_line;  // the last train line built, written or not (elastic handover)
   bool joiners_agreed = false;  // elastic: the last stop check found newcomers waiting
 
   void build_data();
@@ -218,6 +220,7 @@ struct Trainer::Parts {
   void admit_joiners() const;
   void report_membership();
   void open_outputs();
+  void complete_records(const Handover& held);
   void begin();
   StepParts step_parts() {
     return {*task, comm, *grad_sync, *optimizer, schedule, precision, world.device, cfg.optim.clip_norm,
@@ -417,6 +420,11 @@ std::shared_ptr<const Handover> Trainer::Parts::handover() const {
   h->optimizer = os.str();
   if (state.scaler.enabled()) h->scaler = state.scaler.state().clone();
   h->rng = rng_mark.defined() ? rng_mark.clone() : cpu_rng_state();
+  h->step_cursor = step_cursor;
+  if (last_line && last_line->step == state.step) h->train_line = last_line;
+  h->interval = interval.tally;
+  h->first_step = start_step;
+  h->started = start;
   return h;
 }
 
@@ -446,6 +454,7 @@ void Trainer::Parts::open_outputs() {
   on_main_then_agree(comm, "run directory set-up", [&] {
     for (auto& note : dir.prepare(run.mode(), run.config_toml, state.step)) run.notes.push_back(note);
     for (const auto& [name, text] : task->run_files()) write_file_atomically((fs::path(run.out_dir) / name).string(), text);
+    if (run.from_peers && run.handover) complete_records(*run.handover);
     auto b = Checkpoints::best(run.out_dir);
     if ((run.resume || run.from_peers) && b.step >= 0 && b.metric == cfg.ckpt.best_metric) best = {1.0, b.value};
   });
@@ -453,9 +462,35 @@ void Trainer::Parts::open_outputs() {
   best = comm.all_reduce_sum(best, "best checkpoint so far");
   if (best[0] > 0) best_value = best[1];
   reporter = rank_reporter(run, world, cfg.log.tensorboard);
+  if (world.is_main() && run.from_peers && run.handover) {
+    const Handover& held = *run.handover;
+    if (held.train_line && !dir.has_train_line(held.state.step)) {
+      reporter->train(*held.train_line);
+      run.notes.push_back(strf("elastic: logged step %lld's train line for the world that took it",
+                               static_cast<long long>(held.state.step)));
+    }
+    // The open interval goes on: the next line covers its steps too.
+    if (!held.train_line) interval.tally = held.interval;
+  }
   if (cfg.log.sample_ids) {
     fs::create_directories(fs::path(dir.sample_ids_file(world.rank)).parent_path());
     sample_log.open(dir.sample_ids_file(world.rank), std::ios::app);
+  }
+}
+
+// Elastic, on rank 0 of a world that goes on from memory: the step held
+// was applied by every member of the last world, but a member lost right
+// after it may not have logged its share of the step's sample ids.
+// (Its train line follows in open_outputs, once the reporter is open.)
+void Trainer::Parts::complete_records(const Handover& held) {
+  if (!cfg.log.sample_ids || held.state.step == 0 || held.state.step != state.step) return;
+  const Cursor c = held.step_cursor;
+  auto perm = order->permutation(c.epoch);
+  std::vector<int64_t> ids(perm->begin() + c.consumed, perm->begin() + c.consumed + order->batch_size_at(c));
+  size_t n = RunDir(run.out_dir).complete_sample_ids(state.step, c.epoch, ids, world.rank);
+  if (n > 0) {
+    run.notes.push_back(strf("elastic: logged %zu sample id(s) of step %lld for the member(s) lost after it", n,
+                             static_cast<long long>(state.step)));
   }
 }
 
@@ -483,10 +518,15 @@ void Trainer::Parts::begin() {
   }
   start = interval.start = Clock::now();
   start_step = state.step;
+  if (run.from_peers && run.handover) {  // the summary and ETA count every world of this process
+    start = run.handover->started;
+    start_step = run.handover->first_step;
+  }
   rng_mark = cpu_rng_state();
 }
 
 StepBatch Trainer::Parts::next_batch() {
+  if (run.at) run.at(StepPoint::kBegin, state.step + 1);
   step_start = Clock::now();
   StepBatch batch = loader->next();
   interval.phases.lap(Phase::kData, step_start);
@@ -502,7 +542,9 @@ void Trainer::Parts::finish_step(const StepBatch& batch, const StepResult& resul
   state.samples_seen += batch.global_samples;
   ++state.step;
   state.cursor = batch.next;
+  step_cursor = batch.cursor;
   rng_mark = cpu_rng_state();
+  if (run.at) run.at(StepPoint::kApplied, state.step);
   report_membership();
   if (sample_log.is_open()) {
     sample_log << nlohmann::json({{"step", state.step}, {"epoch", batch.cursor.epoch}, {"ids", batch.indices}}).dump()
@@ -539,8 +581,10 @@ void Trainer::Parts::rebalance(const StepResult& result) {
                          describe_split(balancer->shares()).c_str(), speeds.c_str()));
 }
 
+// The interval's metrics were summed over the ranks step by step
+// (train_step), so the line is known to every rank before its collectives:
+// a world that fails in them hands it to the next (complete_records).
 void Trainer::Parts::log_train(int64_t epoch) {
-  comm.agree({state.step, state.cursor.epoch, state.cursor.consumed}, {"step", "epoch", "cursor"}, "the step check");
   TrainReport r;
   r.step = state.step;
   r.total_steps = total_steps;
@@ -550,10 +594,12 @@ void Trainer::Parts::log_train(int64_t epoch) {
   r.units_per_s = interval.units / std::max(seconds_since(interval.start), 1e-9);
   r.unit = task->unit_name();
   r.eta_s = eta();
-  interval.tally.unflatten(comm.all_reduce_sum(interval.tally.flatten(), "training metrics"));
   r.metrics = task->report(interval.tally);
-  report_phases(comm, interval.phases, r);
   if (balancer->mode() != Balance::kEqual) r.balance = balancer->shares();
+  last_line = r;
+  comm.agree({state.step, state.cursor.epoch, state.cursor.consumed}, {"step", "epoch", "cursor"}, "the step check");
+  report_phases(comm, interval.phases, r);
+  if (run.at) run.at(StepPoint::kLine, state.step);
   reporter->train(r);
   interval = Interval();
   interval.tally = task->empty_tally();
