@@ -197,10 +197,11 @@ TEST(Fault, NodesThatRestartedDifferentlyStillMeet) {
     for (auto end = Clock::now() + 5s; children_of(node1.pid()).empty() && Clock::now() < end;)
       std::this_thread::sleep_for(10ms);
   }
-  auto t0 = Clock::now();
-  EXPECT_EQ(node1.wait(90s), 0) << node1.err();
-  EXPECT_EQ(node0.wait(30s), 0) << node0.err();
-  EXPECT_LT(Clock::now() - t0, 60s);
+  EXPECT_EQ(node1.wait(300s), 0) << node1.err();
+  EXPECT_EQ(node0.wait(120s), 0) << node0.err();
+  // They met without waiting out a timeout (a duration would depend on the
+  // machine's load): no rendezvous or meeting ran out of dist.timeout.
+  for (const auto& err : {node0.err(), node1.err()}) EXPECT_EQ(err.find(" within "), std::string::npos) << err;
   // Node 0 followed to generation 2: told by the store, or by its own rank's
   // failure once node 1's was gone.
   EXPECT_TRUE(node0.err().find("another node restarted the job (generation 2)") != std::string::npos ||
