@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
 
+#include <charconv>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -47,6 +48,19 @@ int fail(const std::string& msg, int code) {
   }
   std::fprintf(stderr, "cohort: error: %s\n", line.c_str());
   return code;
+}
+
+// A CLI11 check for an integer flag: at least `least`. The message names the
+// value; CLI11 puts the flag in front.
+CLI::Validator at_least(long long least) {
+  return CLI::Validator(
+      [least](std::string& text) -> std::string {
+        long long v = 0;
+        auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (ec != std::errc() || end != text.data() + text.size()) return "must be an integer (got '" + text + "')";
+        return v < least ? detail::cat("must be >= ", least, " (got ", text, ")") : std::string();
+      },
+      "", "");
 }
 
 }  // namespace
@@ -93,7 +107,7 @@ int cli_main(int argc, char** argv) {
                     "its config is the base, --config and flags override harmless keys");
   train->add_option("--max-restarts", launch.max_restarts,
                     "restart all local ranks from the latest checkpoint when one dies, up to N times")
-      ->capture_default_str();
+      ->capture_default_str()->check(at_least(0));
   train->add_flag("--overwrite", request.overwrite, "replace a run already in --out");
   train->add_flag("--quiet", quiet, "no console progress lines");
 
@@ -117,7 +131,7 @@ int cli_main(int argc, char** argv) {
       ->required();
   evaluator->add_option("--split", eval_request.split, "split to evaluate")->capture_default_str();
   evaluator->add_option("--max-samples", eval_request.max_samples, "the first N samples only; 0 = all")
-      ->capture_default_str();
+      ->capture_default_str()->check(at_least(0));
 
   CLI::App* predictor = app.add_subcommand(
       "predict", "Predict the classes of the inputs in a TSV or JSONL file (bert-classify) with a checkpoint; "
@@ -129,7 +143,8 @@ int cli_main(int argc, char** argv) {
       ->required();
   predictor->add_option("--input", predict_input, "inputs: the run's columns; labels optional")->required();
   predictor->add_option("--out,-o", predict_out, "JSONL to write (default RUN_DIR/predictions.jsonl)");
-  predictor->add_option("--batch", predict_batch, "inputs per forward; 0 = the run's eval.batch")->capture_default_str();
+  predictor->add_option("--batch", predict_batch, "inputs per forward; 0 = the run's eval.batch")
+      ->capture_default_str()->check(at_least(0));
 
   CLI::App* bench = app.add_subcommand(
       "bench", "Weak-scaling table: a short run of a config at each rank count (per-rank batch fixed). "
@@ -223,26 +238,26 @@ int cli_main(int argc, char** argv) {
   const std::string dist_group = "Distributed (per node; HetSeq spellings accepted)";
   train->add_option("--nproc-per-node,--distributed-gpus", launch.nproc_per_node,
                     "ranks to start on this node (one per GPU, or CPU ranks)")
-      ->capture_default_str()->group(dist_group);
+      ->capture_default_str()->check(at_least(1))->group(dist_group);
   train->add_flag("--oversubscribe", launch.oversubscribe,
                   "allow more ranks on this node than it has cores (CPU) or GPUs")->group(dist_group);
   train->add_option("--nnodes", launch.nnodes, "nodes in the job (elastic: nodes the first world waits for)")
-      ->capture_default_str()->group(dist_group);
+      ->capture_default_str()->check(at_least(1))->group(dist_group);
   train->add_option("--min-nodes", launch.min_nodes,
                     "elastic: the job goes on while at least N nodes remain, and nodes may join mid-run "
-                    "(0: off, a fixed world)")->capture_default_str()->group(dist_group);
+                    "(0: off, a fixed world)")->capture_default_str()->check(at_least(0))->group(dist_group);
   train->add_option("--max-nodes", launch.max_nodes, "elastic: at most N nodes; later ones wait (0: no limit)")
-      ->capture_default_str()->group(dist_group);
+      ->capture_default_str()->check(at_least(0))->group(dist_group);
   train->add_option("--node-rank", launch.node_rank, "this node's index, 0..nnodes-1")
-      ->capture_default_str()->group(dist_group);
+      ->capture_default_str()->check(at_least(0))->group(dist_group);
   train->add_option("--init-method,--distributed-init-method", launch.init_method,
                     "rendezvous: tcp://HOST:PORT | file:///shared/path | env://; "
                     "default: SLURM/Open MPI/env:// variables, else a private store on one node")
       ->group(dist_group);
   train->add_option("--distributed-world-size", launch.world_size, "total ranks over all nodes (HetSeq)")
-      ->group(dist_group);
+      ->check(at_least(1))->group(dist_group);
   train->add_option("--distributed-rank", launch.first_rank, "first global rank on this node (HetSeq)")
-      ->group(dist_group);
+      ->check(at_least(0))->group(dist_group);
   train->add_option("--dist.secret", comm_opts.secret, "shared secret every process of the job must know")
       ->envname("COHORT_SECRET")->group(dist_group);
   train->add_option("--dist.iface", comm_opts.iface, "network interface for collectives (default: the one "
@@ -338,6 +353,7 @@ int cli_main(int argc, char** argv) {
       }
       launch.max_local_ranks = gpus ? static_cast<int>(torch::cuda::device_count()) : available_cores();
       launch.local_units = gpus ? "GPUs" : "cores";
+      validate(launch);  // one process too: a bad --init-method or --node-rank is refused, not ignored
       if (!env.count("COHORT_RANK") && wants_launcher(launch)) {
         launch.timeout_s = cfg.dist.timeout;
         return launch_node(launch, std::vector<std::string>(argv, argv + argc));
