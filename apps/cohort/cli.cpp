@@ -107,7 +107,7 @@ int cli_main(int argc, char** argv) {
                     "its config is the base, --config and flags override harmless keys");
   train->add_option("--max-restarts", launch.max_restarts,
                     "restart all local ranks from the latest checkpoint when one dies, up to N times")
-      ->capture_default_str()->check(at_least(0));
+      ->capture_default_str();
   train->add_flag("--overwrite", request.overwrite, "replace a run already in --out");
   train->add_flag("--quiet", quiet, "no console progress lines");
 
@@ -238,18 +238,18 @@ int cli_main(int argc, char** argv) {
   const std::string dist_group = "Distributed (per node; HetSeq spellings accepted)";
   train->add_option("--nproc-per-node,--distributed-gpus", launch.nproc_per_node,
                     "ranks to start on this node (one per GPU, or CPU ranks)")
-      ->capture_default_str()->check(at_least(1))->group(dist_group);
+      ->capture_default_str()->group(dist_group);
   train->add_flag("--oversubscribe", launch.oversubscribe,
                   "allow more ranks on this node than it has cores (CPU) or GPUs")->group(dist_group);
   train->add_option("--nnodes", launch.nnodes, "nodes in the job (elastic: nodes the first world waits for)")
-      ->capture_default_str()->check(at_least(1))->group(dist_group);
+      ->capture_default_str()->group(dist_group);
   train->add_option("--min-nodes", launch.min_nodes,
                     "elastic: the job goes on while at least N nodes remain, and nodes may join mid-run "
-                    "(0: off, a fixed world)")->capture_default_str()->check(at_least(0))->group(dist_group);
+                    "(0: off, a fixed world)")->capture_default_str()->group(dist_group);
   train->add_option("--max-nodes", launch.max_nodes, "elastic: at most N nodes; later ones wait (0: no limit)")
-      ->capture_default_str()->check(at_least(0))->group(dist_group);
+      ->capture_default_str()->group(dist_group);
   train->add_option("--node-rank", launch.node_rank, "this node's index, 0..nnodes-1")
-      ->capture_default_str()->check(at_least(0))->group(dist_group);
+      ->capture_default_str()->group(dist_group);
   train->add_option("--init-method,--distributed-init-method", launch.init_method,
                     "rendezvous: tcp://HOST:PORT | file:///shared/path | env://; "
                     "default: SLURM/Open MPI/env:// variables, else a private store on one node")

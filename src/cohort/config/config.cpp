@@ -498,7 +498,7 @@ std::vector<TomlEntry> read_toml(const std::string& text, const std::string& pat
     if (key.empty()) fail("a value without a key");
     for (char c : key)
       if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) fail("malformed key");
-    TomlEntry entry{section.empty() ? key : section + "." + key, {}, false, number};
+    TomlEntry entry{section.empty() ? key : section + "." + key, {}, false, false, number};
     size_t v = skip(eq + 1);
     if (v == line.size()) fail("a key without a value");
     out.push_back(std::move(entry));
@@ -644,7 +644,8 @@ void validate(const Config& c) {
   require(c.data.max_micro_batch >= 0, "data.max-micro-batch", c.data.max_micro_batch, "must be >= 0");
 
   require(std::isfinite(c.optim.lr) && c.optim.lr > 0, "optim.lr", c.optim.lr, "must be finite and > 0");
-  require(std::isfinite(c.optim.weight_decay) && c.optim.weight_decay >= 0, "optim.weight-decay", c.optim.weight_decay, "must be >= 0");
+  require(std::isfinite(c.optim.weight_decay) && c.optim.weight_decay >= 0, "optim.weight-decay",
+          c.optim.weight_decay, "must be finite and >= 0");
   require(c.optim.beta1 >= 0 && c.optim.beta1 < 1, "optim.beta1", c.optim.beta1, "must be in [0, 1)");
   require(c.optim.beta2 >= 0 && c.optim.beta2 < 1, "optim.beta2", c.optim.beta2, "must be in [0, 1)");
   require(std::isfinite(c.optim.eps) && c.optim.eps > 0, "optim.eps", c.optim.eps, "must be finite and > 0");
