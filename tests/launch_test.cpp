@@ -158,7 +158,7 @@ TEST(Launch, WrongSecretIsRefusedAcrossProcesses) {
                      " --out " + (tmp / "run");
   Background r0("env " + env + "RANK=0 COHORT_SECRET=alpha " + COHORT_BIN + args, tmp, "r0");
   Background r1("env " + env + "RANK=1 COHORT_SECRET=beta " + COHORT_BIN + args, tmp, "r1");
-  EXPECT_EQ(r1.wait(30s), 1);
+  EXPECT_EQ(r1.wait(30s), 2) << "a wrong secret is a configuration mismatch";
   EXPECT_NE(r1.err().find("secret differs"), std::string::npos) << r1.err();
   EXPECT_EQ(r0.wait(30s), 1) << "rank 0 must give up within dist.timeout";
   EXPECT_NE(r0.err().find("cohort: error: rank 0"), std::string::npos) << r0.err();

@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
 
+#include <charconv>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -86,6 +87,19 @@ std::function<void(StepPoint, int64_t)> debug_hook(const Env& env, int rank) {
   };
 }
 
+// A CLI11 check for an integer flag: at least `least`. The message names the
+// value; CLI11 puts the flag in front.
+CLI::Validator at_least(long long least) {
+  return CLI::Validator(
+      [least](std::string& text) -> std::string {
+        long long v = 0;
+        auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (ec != std::errc() || end != text.data() + text.size()) return "must be an integer (got '" + text + "')";
+        return v < least ? detail::cat("must be >= ", least, " (got ", text, ")") : std::string();
+      },
+      "", "");
+}
+
 }  // namespace
 
 void configure_process(const TrainOptions& opts, const World& world) {
@@ -154,7 +168,7 @@ int cli_main(int argc, char** argv) {
       ->required();
   evaluator->add_option("--split", eval_request.split, "split to evaluate")->capture_default_str();
   evaluator->add_option("--max-samples", eval_request.max_samples, "the first N samples only; 0 = all")
-      ->capture_default_str();
+      ->capture_default_str()->check(at_least(0));
 
   CLI::App* predictor = app.add_subcommand(
       "predict", "Predict the classes of the inputs in a TSV or JSONL file (bert-classify) with a checkpoint; "
@@ -166,7 +180,8 @@ int cli_main(int argc, char** argv) {
       ->required();
   predictor->add_option("--input", predict_input, "inputs: the run's columns; labels optional")->required();
   predictor->add_option("--out,-o", predict_out, "JSONL to write (default RUN_DIR/predictions.jsonl)");
-  predictor->add_option("--batch", predict_batch, "inputs per forward; 0 = the run's eval.batch")->capture_default_str();
+  predictor->add_option("--batch", predict_batch, "inputs per forward; 0 = the run's eval.batch")
+      ->capture_default_str()->check(at_least(0));
 
   CLI::App* bench = app.add_subcommand(
       "bench", "Weak-scaling table: a short run of a config at each rank count (per-rank batch fixed). "
@@ -277,9 +292,9 @@ int cli_main(int argc, char** argv) {
                     "default: SLURM/Open MPI/env:// variables, else a private store on one node")
       ->group(dist_group);
   train->add_option("--distributed-world-size", launch.world_size, "total ranks over all nodes (HetSeq)")
-      ->group(dist_group);
+      ->check(at_least(1))->group(dist_group);
   train->add_option("--distributed-rank", launch.first_rank, "first global rank on this node (HetSeq)")
-      ->group(dist_group);
+      ->check(at_least(0))->group(dist_group);
   train->add_option("--dist.secret", comm_opts.secret, "shared secret every process of the job must know")
       ->envname("COHORT_SECRET")->group(dist_group);
   train->add_option("--dist.iface", comm_opts.iface, "network interface for collectives (default: the one "
@@ -375,6 +390,7 @@ int cli_main(int argc, char** argv) {
       }
       launch.max_local_ranks = gpus ? static_cast<int>(torch::cuda::device_count()) : available_cores();
       launch.local_units = gpus ? "GPUs" : "cores";
+      validate(launch);  // one process too: a bad --init-method or --node-rank is refused, not ignored
       if (!env.count("COHORT_RANK") && wants_launcher(launch)) {
         launch.timeout_s = cfg.dist.timeout;
         return launch_node(launch, std::vector<std::string>(argv, argv + argc));

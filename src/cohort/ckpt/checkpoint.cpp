@@ -168,16 +168,20 @@ ResolvedCheckpoint Checkpoints::resolve(const std::string& path, std::vector<std
     if (s >= 0 && e.is_directory()) all.emplace_back(s, e.path());
   }
   std::sort(all.rbegin(), all.rend());
+  COHORT_CHECK(!all.empty(), DataError, path, ": no checkpoints here (expected step-N directories in ",
+               root.string(), ")");
   // The newest checkpoint that verifies: `latest` may lag a completed rename
   // after a crash, and a resume from an older step moves newer ones aside.
+  std::string why;  // each one's reason, when none verifies
   for (const auto& [step, dir] : all) {
     try {
       return {dir.string(), verify(dir.string())};
     } catch (const DataError& e) {
       if (warnings) warnings->push_back(detail::cat("skipping checkpoint ", dir.string(), ": ", e.what()));
+      why += detail::cat(why.empty() ? "" : "; ", dir.filename().string(), ": ", detail::first_line(e.what()));
     }
   }
-  throw DataError(detail::cat(path, ": no complete checkpoint to resume from"));
+  throw DataError(detail::cat(path, ": no complete checkpoint; every one was rejected (", why, ")"));
 }
 
 namespace {
@@ -275,6 +279,11 @@ std::string model_weights_file(const std::string& path) {
   fs::path p(path);
   if (fs::is_regular_file(p)) return p.string();
   if (fs::exists(p / "model.safetensors")) return (p / "model.safetensors").string();
+  COHORT_CHECK(fs::is_directory(p), DataError, path, ": no such file or directory");
+  bool any_checkpoint = fs::exists(p / "checkpoints");
+  for (const auto& e : fs::directory_iterator(p)) any_checkpoint = any_checkpoint || Checkpoints::step_of(e.path().filename().string()) >= 0;
+  COHORT_CHECK(any_checkpoint, DataError, path, ": no weights here: expected a model.safetensors, a directory "
+               "holding one (an export or a checkpoint), or a run directory with checkpoints/");
   std::vector<std::string> ignored;
   return (fs::path(Checkpoints::resolve(path, &ignored).dir) / "model.safetensors").string();
 }

@@ -12,9 +12,12 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
+#include <string_view>
+#include <type_traits>
 
 #include "cohort/core/error.hpp"
 
@@ -26,6 +29,10 @@ struct ConfigBinding::Key {
   CLI::Option* option = nullptr;
   std::function<std::string()> to_toml;  // current value as a TOML literal
   bool boolean = false;                   // a flag: a file must say true or false
+  bool list = false;                      // several numbers: "2,1" or [2.0, 1.0]
+  // A number (or list of numbers): what is wrong with a value's text, or ""
+  // (the CLI's validator and the file's check). Empty for other keys.
+  std::function<std::string(const std::string&)> number_problem;
 };
 
 namespace {
@@ -54,6 +61,52 @@ std::string toml_value(const std::vector<double>& v) {
   std::string out = "[";
   for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + toml_value(v[i]);
   return out + "]";
+}
+
+// What is wrong with `text` as a value of type T, or "" when nothing is.
+// CLI11 alone would wrap 99999999999999999999 to INT64_MAX and -1 to
+// UINT64_MAX, read "" as 0 and "010" as octal 8.
+template <class T>
+std::string number_problem(const std::string& text) {
+  std::string_view s(text);
+  if (!s.empty() && s[0] == '+') s.remove_prefix(1);
+  if (s.empty()) return detail::cat("must be a number (got '", text, "')");
+  const char* end = s.data() + s.size();
+  if constexpr (std::is_integral_v<T>) {
+    if (std::is_unsigned_v<T> && s[0] == '-') return detail::cat("must be >= 0 (got ", text, ")");
+    size_t sign = s[0] == '-' ? 1 : 0;
+    T v{};
+    auto [ptr, ec] = std::from_chars(s.data(), end, v);
+    if (ec == std::errc::result_out_of_range) {
+      return detail::cat("is out of range (got ", text, "; the most is ", std::numeric_limits<T>::max(), ")");
+    }
+    if (ec != std::errc() || ptr != end) return detail::cat("must be an integer (got '", text, "')");
+    if (s.size() > sign + 1 && s[sign] == '0') {
+      return detail::cat("must be a decimal integer without leading zeros (got '", text, "')");
+    }
+  } else {
+    double v = 0;
+    auto [ptr, ec] = std::from_chars(s.data(), end, v);
+    if (ec == std::errc::result_out_of_range) return detail::cat("is out of range (got ", text, ")");
+    if (ec != std::errc() || ptr != end) return detail::cat("must be a number (got '", text, "')");
+  }
+  return "";
+}
+
+// "2,1" or "[2.0, 1.0]": the numbers of a list key.
+std::vector<std::string> list_items(std::string text) {
+  auto trim = [](std::string v) {
+    v.erase(0, v.find_first_not_of(" \t"));
+    return v.substr(0, v.find_last_not_of(" \t") + 1);
+  };
+  text = trim(text);
+  if (text.size() >= 2 && text.front() == '[' && text.back() == ']') text = trim(text.substr(1, text.size() - 2));
+  std::vector<std::string> items;
+  if (text.empty()) return items;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) items.push_back(trim(item));
+  if (text.back() == ',') items.push_back("");
+  return items;
 }
 
 // Levenshtein distance, for "did you mean" hints on unknown keys.
@@ -93,20 +146,39 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
           flags, [&field, name](const std::string& text) { field = parse_choice<T>(name, text); }, help);
       key->option->default_str(name_of(field))->type_name(choice_list<T>());
       key->to_toml = [&field] { return toml_value(std::string(name_of(field))); };
-    } else if constexpr (std::is_same_v<T, std::vector<double>>) {  // a list: 2,1 or [2.0, 1.0]
-      key->option = app.add_option(flags, field, help)->delimiter(',')->type_name("X,Y,...")->default_str("[]");
-      key->option->expected(1, CLI::detail::expected_max_vector_size);
+    } else if constexpr (std::is_same_v<T, std::vector<double>>) {
+      // One token per occurrence (2,1), so that a key given twice is seen.
+      key->list = true;
+      key->number_problem = [](const std::string& text) {
+        std::vector<std::string> items = list_items(text);
+        for (const auto& item : items) {
+          if (std::string p = number_problem<double>(item); !p.empty()) return "each value " + p;
+        }
+        return std::string();
+      };
+      key->option = app.add_option_function<std::string>(
+          flags,
+          [&field](const std::string& text) {
+            field.clear();
+            for (const auto& item : list_items(text)) field.push_back(std::stod(item));
+          },
+          help);
+      key->option->type_name("X,Y,...")->default_str("[]");
       key->to_toml = [&field] { return toml_value(field); };
     } else {
       key->option = app.add_option(flags, field, help)->capture_default_str();
       if constexpr (std::is_same_v<T, std::string>) {
         if (field.empty()) key->option->default_str("''");
+      } else {
+        key->number_problem = &number_problem<T>;
       }
       key->to_toml = [&field] { return toml_value(field); };
     }
-    key->option->group(group)->multi_option_policy(std::is_same_v<T, std::vector<double>>
-                                                       ? CLI::MultiOptionPolicy::TakeAll
-                                                       : CLI::MultiOptionPolicy::TakeLast);
+    if (key->number_problem) {
+      auto problem = key->number_problem;
+      key->option->check(CLI::Validator([problem](std::string& text) { return problem(text); }, "", ""));
+    }
+    key->option->group(group)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     keys_.push_back(std::move(key));
   };
   // Each key is declared exactly once, here, with its scope: kPerNode keys
@@ -196,6 +268,19 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("model.dropout-rng", c.model.dropout_rng, "dropout masks: sample = keyed by (seed, step, sample id), the same "
        "on any world size and split; rank = each rank's torch generator", fixed);
   bind("model.init", c.model.init, "start from these weights (model.safetensors, export, checkpoint or run dir); '' = fresh", fixed);
+
+  // A key given twice is a mistake (which one was meant?), not "the last wins".
+  app.parse_complete_callback([this] {
+    for (const auto& k : keys_) {
+      const auto& given = k->option->results();
+      if (given.size() < 2) continue;
+      std::string values;
+      for (const auto& v : given) values += (values.empty() ? "" : ", then ") + (v.empty() ? "''" : v);
+      throw UsageError(detail::cat("--", k->name, " is given ",
+                                   given.size() == 2 ? std::string("twice") : detail::cat(given.size(), " times"),
+                                   " on the command line (", values, "); give each key once"));
+    }
+  });
 }
 
 ConfigBinding::~ConfigBinding() = default;
@@ -297,6 +382,7 @@ struct TomlEntry {
   std::string key;  // section.key
   std::vector<std::string> values;
   bool array = false;
+  bool quoted = false;  // a value was a string ("0.1"), not a bare number or boolean
   int line = 0;
 };
 
@@ -310,6 +396,9 @@ std::vector<TomlEntry> read_toml(const std::string& text, const std::string& pat
   std::istringstream raw(text);
   std::string section, line;
   int number = 0;
+  std::map<std::string, int> tables;  // header -> its line
+  std::string repeated_table;          // the error for the first header given twice
+  bool quoted = false;                 // the last scalar read was a string
   auto fail = [&](const std::string& what) -> void {
     throw UsageError(detail::cat("config ", path, ":", number, ": ", what, " (line '", line, "')"));
   };
@@ -322,7 +411,8 @@ std::vector<TomlEntry> read_toml(const std::string& text, const std::string& pat
   auto scalar = [&](size_t& i) {
     std::string v;
     const char quote = line[i];
-    if (quote == '"' || quote == '\'') {
+    quoted = quote == '"' || quote == '\'';
+    if (quoted) {
       if (line.compare(i, 3, std::string(3, quote)) == 0) fail("multi-line strings are not supported");
       for (++i;; ++i) {
         if (i >= line.size()) fail("unterminated string");
@@ -373,6 +463,7 @@ std::vector<TomlEntry> read_toml(const std::string& text, const std::string& pat
       if (!want_item) fail("a ',' is missing between array values");
       if (line[i] == '[') fail("nested arrays are not supported");
       open_array->values.push_back(scalar(i));
+      open_array->quoted = open_array->quoted || quoted;
       want_item = false;
     }
   };
@@ -393,6 +484,11 @@ std::vector<TomlEntry> read_toml(const std::string& text, const std::string& pat
       for (char c : section) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.');
       if (!ok) fail("malformed table header");
       if (skip(close + 1) != line.size()) fail("text after a table header");
+      if (auto [it, fresh] = tables.emplace(section, number); !fresh && repeated_table.empty()) {
+        // Reported at the end, unless a key given twice is named first.
+        repeated_table = detail::cat("config ", path, ":", number, ": table [", section, "] is given twice (first at line ",
+                                     it->second, "); put its keys under one [", section, "]");
+      }
       continue;
     }
     size_t eq = line.find('=', i);
@@ -402,7 +498,7 @@ std::vector<TomlEntry> read_toml(const std::string& text, const std::string& pat
     if (key.empty()) fail("a value without a key");
     for (char c : key)
       if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) fail("malformed key");
-    TomlEntry entry{section.empty() ? key : section + "." + key, {}, false, number};
+    TomlEntry entry{section.empty() ? key : section + "." + key, {}, false, false, number};
     size_t v = skip(eq + 1);
     if (v == line.size()) fail("a key without a value");
     out.push_back(std::move(entry));
@@ -414,12 +510,19 @@ std::vector<TomlEntry> read_toml(const std::string& text, const std::string& pat
       continue;
     }
     out.back().values.push_back(scalar(v));
+    out.back().quoted = quoted;
     if (skip(v) != line.size()) fail("text after the value");
   }
   if (open_array) {
     line = "";
     fail("an array is not closed with ']' before the end of the file");
   }
+  std::set<std::string> keys;
+  for (const auto& e : out) {
+    COHORT_CHECK(keys.insert(e.key).second, UsageError, "config ", path, ":", e.line, ": key '", e.key,
+                 "' is given twice (a repeated [section]?)");
+  }
+  COHORT_CHECK(repeated_table.empty(), UsageError, repeated_table);
   return out;
 }
 
@@ -435,38 +538,48 @@ void ConfigBinding::apply_file(const std::string& path) {
     COHORT_CHECK(file.good(), UsageError, "config ", path, ": cannot read file (", std::strerror(errno), ")");
     text.assign(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
   }
+  if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);  // a UTF-8 byte-order mark (Windows editors)
   std::map<std::string, Key*> by_name;
   for (auto& k : keys_) by_name[k->name] = k.get();
   std::set<std::string> seen;
   for (const auto& item : read_toml(text, path)) {
     const std::string& name = item.key;
-    COHORT_CHECK(seen.insert(name).second, UsageError, "config ", path, ":", item.line, ": key '", name,
-                 "' is given twice (a repeated [section]?)");
+    const std::string where = detail::cat("config ", path, ":", item.line, ": key '", name, "'");
+    COHORT_CHECK(seen.insert(name).second, UsageError, where, " is given twice (a repeated [section]?)");
     auto it = by_name.find(name);
     if (it == by_name.end()) {
       std::string hint = closest_key(name);
       throw UsageError(detail::cat("config ", path, ":", item.line, ": unknown key '", name, "'",
                                    hint.empty() ? "" : detail::cat(" (did you mean '", hint, "'?)")));
     }
-    CLI::Option* opt = it->second->option;
+    const Key& key = *it->second;
+    CLI::Option* opt = key.option;
     if (opt->count() > 0) continue;  // the command line wins
-    const bool list = opt->get_expected_max() > 1;
-    COHORT_CHECK(list || !item.array, UsageError, "config ", path, ": key '", name,
-                 "' takes one value, not a list");
-    if (list && item.values.empty()) continue;  // [] : the default, no weights
-    if (it->second->boolean) {
-      COHORT_CHECK(item.values.size() == 1 && (item.values[0] == "true" || item.values[0] == "false"), UsageError,
-                   "config ", path, ":", item.line, ": key '", name, "' takes true or false (got '",
-                   item.values.empty() ? "" : item.values[0], "')");
+    COHORT_CHECK(key.list || !item.array, UsageError, where, " takes one value, not a list");
+    if (key.list && item.values.empty()) continue;  // [] : the default, no weights
+    const std::string shown = item.values.empty() ? "" : item.values[0];
+    if (key.boolean) {
+      COHORT_CHECK(!item.quoted && item.values.size() == 1 && (shown == "true" || shown == "false"), UsageError,
+                   where, " takes true or false (got ", item.quoted ? "the string \"" + shown + "\"" : "'" + shown + "'",
+                   ")");
     }
+    if (key.number_problem) {
+      COHORT_CHECK(!item.quoted, UsageError, where, " takes ", key.list ? "numbers" : "a number",
+                   ", not a string (got \"", shown, "\"; write it without quotes)");
+      for (const auto& v : item.values) {
+        std::string problem = key.number_problem(v);
+        COHORT_CHECK(problem.empty(), ConfigError, where, " ", problem);
+      }
+    }
+    std::vector<std::string> values = item.values;
+    if (key.list) values = {detail::join(item.values, ",")};
     try {
-      opt->add_result(item.values);
+      opt->add_result(values);
       opt->run_callback();
     } catch (const CLI::Error&) {
-      throw UsageError(detail::cat("config ", path, ":", item.line, ": key '", name, "': cannot use '",
-                                   item.values[0], "' (expected ", opt->get_type_name(), ")"));
+      throw UsageError(detail::cat(where, ": cannot use '", shown, "' (expected ", opt->get_type_name(), ")"));
     } catch (const ConfigError& e) {
-      throw ConfigError(detail::cat("config ", path, ": ", e.what()));
+      throw ConfigError(detail::cat("config ", path, ":", item.line, ": ", e.what()));
     }
   }
 }
@@ -489,6 +602,10 @@ std::string ConfigBinding::to_toml() const {
 
 namespace {
 
+// Upper bounds of train.threads and data.workers (see the README's table).
+constexpr int kMaxThreads = 1024;
+constexpr int kMaxWorkers = 256;
+
 template <class T>
 void require(bool ok, const char* key, const T& value, const char* what) {
   COHORT_CHECK(ok, ConfigError, key, " ", what, " (got ", value, ")");
@@ -502,11 +619,14 @@ void validate(const Config& c) {
   require(c.train.max_steps == -1 || c.train.max_steps >= 1, "train.max-steps", c.train.max_steps,
           "must be >= 1, or -1 to run train.epochs epochs");
   require(c.train.epochs >= 1, "train.epochs", c.train.epochs, "must be >= 1");
-  require(c.train.threads >= 0, "train.threads", c.train.threads, "must be >= 0");
+  // Each thread is real: torch would start 100000 of them (and hang).
+  require(c.train.threads >= 0 && c.train.threads <= kMaxThreads, "train.threads", c.train.threads,
+          "must be between 0 and 1024");
 
   require(!c.data.path.empty(), "data.path", "''", "must not be empty");
   require(c.data.global_batch >= 1, "data.global-batch", c.data.global_batch, "must be >= 1");
-  require(c.data.workers >= 0, "data.workers", c.data.workers, "must be >= 0");
+  require(c.data.workers >= 0 && c.data.workers <= kMaxWorkers, "data.workers", c.data.workers,
+          "must be between 0 and 256");
   require(c.data.prefetch >= 1, "data.prefetch", c.data.prefetch, "must be >= 1");
   require(c.data.bucket >= 0, "data.bucket", c.data.bucket, "must be >= 0");
   require(!c.data.pack || c.train.task == "bert-pretrain", "data.pack", "true", "is for train.task bert-pretrain");
@@ -524,15 +644,17 @@ void validate(const Config& c) {
   require(c.data.max_micro_batch >= 0, "data.max-micro-batch", c.data.max_micro_batch, "must be >= 0");
 
   require(std::isfinite(c.optim.lr) && c.optim.lr > 0, "optim.lr", c.optim.lr, "must be finite and > 0");
-  require(c.optim.weight_decay >= 0, "optim.weight-decay", c.optim.weight_decay, "must be >= 0");
+  require(std::isfinite(c.optim.weight_decay) && c.optim.weight_decay >= 0, "optim.weight-decay",
+          c.optim.weight_decay, "must be finite and >= 0");
   require(c.optim.beta1 >= 0 && c.optim.beta1 < 1, "optim.beta1", c.optim.beta1, "must be in [0, 1)");
   require(c.optim.beta2 >= 0 && c.optim.beta2 < 1, "optim.beta2", c.optim.beta2, "must be in [0, 1)");
-  require(c.optim.eps > 0, "optim.eps", c.optim.eps, "must be > 0");
+  require(std::isfinite(c.optim.eps) && c.optim.eps > 0, "optim.eps", c.optim.eps, "must be finite and > 0");
   require(c.optim.momentum >= 0 && c.optim.momentum < 1, "optim.momentum", c.optim.momentum, "must be in [0, 1)");
   require(c.optim.accum_steps >= 1, "optim.accum-steps", c.optim.accum_steps, "must be >= 1");
   require(c.optim.accum_steps <= c.data.global_batch, "optim.accum-steps", c.optim.accum_steps,
           "must be <= data.global-batch, or some micro-batches would be empty");
-  require(c.optim.poly_power > 0, "optim.poly-power", c.optim.poly_power, "must be > 0");
+  require(std::isfinite(c.optim.poly_power) && c.optim.poly_power > 0, "optim.poly-power", c.optim.poly_power,
+          "must be finite and > 0");
   require(c.optim.warmup_ratio >= 0 && c.optim.warmup_ratio < 1, "optim.warmup-ratio",
           c.optim.warmup_ratio, "must be in [0, 1)");
   require(c.optim.min_lr_ratio >= 0 && c.optim.min_lr_ratio <= 1, "optim.min-lr-ratio",
@@ -548,7 +670,8 @@ void validate(const Config& c) {
   require(c.ckpt.keep >= 1, "ckpt.keep", c.ckpt.keep, "must be >= 1");
   require(c.dist.timeout > 0 && c.dist.timeout <= 1e7, "dist.timeout", c.dist.timeout,
           "must be > 0 and <= 1e7 seconds (116 days)");
-  require(c.dist.bucket_cap_mb > 0, "dist.bucket-cap-mb", c.dist.bucket_cap_mb, "must be > 0");
+  require(c.dist.bucket_cap_mb > 0 && c.dist.bucket_cap_mb <= 1 << 20, "dist.bucket-cap-mb", c.dist.bucket_cap_mb,
+          "must be > 0 and <= 1048576 (1 TiB)");
 
   require(c.model.hidden >= 1, "model.hidden", c.model.hidden, "must be >= 1");
   require(c.model.dropout >= 0 && c.model.dropout < 1, "model.dropout", c.model.dropout, "must be in [0, 1)");

@@ -65,6 +65,9 @@ class RowReader {
   RowReader(const std::string& path, const ClassifyColumns& cols, bool require_label)
       : path_(path), cols_(cols), require_label_(require_label), jsonl_(path.size() > 6 && path.rfind(".jsonl") == path.size() - 6),
         in_(path) {
+    std::error_code ec;
+    COHORT_CHECK(!std::filesystem::is_directory(path, ec), DataError, path,
+                 ": is a directory; expected a .tsv or .jsonl file");
     COHORT_CHECK(in_.good(), DataError, path, ": cannot read file");
     if (jsonl_) return;
     std::string header;

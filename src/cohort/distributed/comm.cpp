@@ -364,7 +364,7 @@ std::unique_ptr<Comm> Comm::connect(const RankSpec& spec, const CommOptions& opt
     std::string proof_key = "cohort/proof/" + std::to_string(opts.generation);
     if (spec.rank == 0) base->set(proof_key, to_bytes(proof));
     wait_for_key(*base, proof_key, deadline, opts, spec, "waiting for rank 0");
-    COHORT_CHECK(to_string(base->get(proof_key)) == proof, DistError, "rank ", spec.rank,
+    COHORT_CHECK(to_string(base->get(proof_key)) == proof, UsageError, "rank ", spec.rank,
                  ": refused by the job at ", where,
                  ": its secret differs from ours. Set the same --dist.secret or COHORT_SECRET on every node.");
     impl->store = c10::make_intrusive<c10d::PrefixStore>(

@@ -129,7 +129,7 @@ std::shared_ptr<Membership> Membership::join(const RankSpec& spec, const CommOpt
   std::string proof = sha256_hex("cohort-proof:" + opts.secret);
   std::string proof_key = "cohort/proof/" + std::to_string(opts.generation);
   std::string theirs = text_of(base->compareSet(proof_key, {}, bytes_of(proof)));
-  COHORT_CHECK(theirs == proof, DistError, "refused by the job at ", spec.init.text,
+  COHORT_CHECK(theirs == proof, UsageError, "refused by the job at ", spec.init.text,
                ": its secret differs from ours. Set the same --dist.secret or COHORT_SECRET on every node.");
   std::string prefix = detail::cat("cohort/", sha256_hex(opts.secret).substr(0, 16), "/", opts.generation, "/elastic");
   m->base_ = base;

@@ -184,6 +184,21 @@ int run_bench(const BenchOptions& o, const std::vector<std::string>& train_args)
   COHORT_CHECK(o.netem.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ._%/-") ==
                    std::string::npos,
                UsageError, "--netem '", o.netem, "': only letters, digits, spaces and . _ % / - are allowed");
+  // The keys bench sets itself: `cohort train` refuses a key given twice.
+  const std::pair<const char*, const char*> own[] = {
+      {"--data.global-batch", "--per-rank-batch"}, {"--train.max-steps", "--steps"},
+      {"--threads", "--threads-per-rank"},         {"--train.threads", "--threads-per-rank"},
+      {"--log.every-steps", nullptr},               {"--eval.max-samples", nullptr},
+      {"--eval.every-steps", nullptr},              {"--log.tensorboard", nullptr},
+      {"--quiet", nullptr},                         {"--overwrite", nullptr}};
+  for (const auto& arg : train_args) {
+    for (const auto& [flag, instead] : own) {
+      if (arg != flag && arg.rfind(std::string(flag) + "=", 0) != 0) continue;
+      throw UsageError(detail::cat("bench sets ", flag, " for each run itself; ",
+                                   instead ? detail::cat("use bench's ", instead) : std::string("leave it out"),
+                                   " (got '", arg, "' after --)"));
+    }
+  }
 
   fs::path root = o.out_dir.empty() ? fs::temp_directory_path() / ("cohort-bench-" + std::to_string(getpid()))
                                     : fs::path(o.out_dir);

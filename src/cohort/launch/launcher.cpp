@@ -157,7 +157,7 @@ bool wants_launcher(const LaunchOptions& o) {
          o.min_nodes != 0;
 }
 
-int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
+void validate(const LaunchOptions& o) {
   COHORT_CHECK(o.nproc_per_node >= 1, UsageError, "--nproc-per-node must be >= 1 (got ", o.nproc_per_node, ")");
   COHORT_CHECK(o.nnodes >= 1, UsageError, "--nnodes must be >= 1 (got ", o.nnodes, ")");
   COHORT_CHECK(o.max_restarts >= 0, UsageError, "--max-restarts must be >= 0 (got ", o.max_restarts, ")");
@@ -169,9 +169,18 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
   COHORT_CHECK(o.node_rank >= 0 && (o.node_rank < o.nnodes || (elastic && (o.max_nodes == 0 || o.node_rank < o.max_nodes))),
                UsageError, "--node-rank ", o.node_rank, " is outside --nnodes ", o.nnodes,
                elastic ? " and --max-nodes" : "");
+  COHORT_CHECK(o.world_size == 0 || o.world_size >= 1, UsageError, "--distributed-world-size must be >= 1 (got ",
+               o.world_size, ")");
+  COHORT_CHECK(o.first_rank >= -1, UsageError, "--distributed-rank must be >= 0 (got ", o.first_rank, ")");
   COHORT_CHECK(o.oversubscribe || o.max_local_ranks <= 0 || o.nproc_per_node <= o.max_local_ranks, UsageError,
                "--nproc-per-node ", o.nproc_per_node, " is more than the ", o.max_local_ranks, " ", o.local_units,
                " of this node; pass --oversubscribe to start them anyway");
+  parse_init_method(o.init_method);  // its form; UsageError naming it
+}
+
+int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
+  validate(o);
+  const bool elastic = o.min_nodes > 0;
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
 
   // Block the signals we supervise before any thread exists (the store's
@@ -248,6 +257,10 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
         store = c10::make_intrusive<c10d::FileStore>(init.path + ".nodes", o.nnodes);
         store->setTimeout(timeout);
       }
+      // --nnodes first: a node that sees another's rank count sees its
+      // --nnodes too, so that nodes started with different counts are told
+      // at once instead of waiting dist.timeout for a node that never comes.
+      store->set(detail::cat("launch/nnodes/", o.node_rank), bytes(std::to_string(o.nnodes)));
       store->set(detail::cat("launch/node/", o.node_rank), bytes(std::to_string(o.nproc_per_node)));
       plan.world_size = 0;
       const auto deadline = Clock::now() + timeout;
@@ -263,6 +276,22 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
                        " nodes did not all meet at ", init.text, " within ", o.timeout_s, " s: node ", n,
                        " never arrived (check --nnodes and --node-rank on every node)");
           std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        auto theirs = store->get(detail::cat("launch/nnodes/", n));
+        int their_nnodes = std::stoi(std::string(theirs.begin(), theirs.end()));
+        if (their_nnodes != o.nnodes) {
+          // The store's host lingers (5 s at most) until another node has
+          // seen the mismatch too, so that it is told and not cut off.
+          int64_t seen = store->add("launch/nnodes-mismatch", 1);
+          const auto linger = Clock::now() + std::chrono::seconds(5);
+          while (init.kind == InitMethod::Kind::kTcp && node_zero && seen < 2 && Clock::now() < linger &&
+                 !pending_stop(watched)) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            seen = store->add("launch/nnodes-mismatch", 0);
+          }
+          throw UsageError(detail::cat("node ", o.node_rank, ": --nnodes differs between nodes: this node has --nnodes ",
+                                       o.nnodes, " but node ", n, " has --nnodes ", their_nnodes,
+                                       "; start every node with the same --nnodes"));
         }
         auto v = store->get(key);
         int count = std::stoi(std::string(v.begin(), v.end()));

@@ -42,6 +42,11 @@ struct LaunchOptions {
   int max_nodes = 0;          // 0: no limit
 };
 
+// Checks the flags' ranges and the form of the init method (a single
+// process too, where it goes unused); throws UsageError naming the flag and
+// its value. launch_node calls it again.
+void validate(const LaunchOptions& opts);
+
 // True when these options ask for a launcher rather than a single process.
 bool wants_launcher(const LaunchOptions& opts);
 

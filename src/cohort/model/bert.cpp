@@ -9,6 +9,7 @@
 #include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/model/dropout.hpp"
+#include "cohort/model/model_size.hpp"
 #include "cohort/model/residual_norm.hpp"
 
 namespace cohort {
@@ -30,6 +31,17 @@ BertConfig BertConfig::from(const ModelOptions& o, int64_t data_vocab_size) {
                ": set it, or give data.path a manifest.json or vocab.txt that names the vocabulary");
   COHORT_CHECK(c.hidden % c.heads == 0, ConfigError, "model.hidden (", c.hidden,
                ") must be divisible by model.heads (", c.heads, ")");
+  // Embeddings, layers (attention 4h^2, feed-forward 2hI) and the pooler and
+  // heads (about 2h^2), before any tensor is allocated.
+  const double h = static_cast<double>(c.hidden), inter = static_cast<double>(c.intermediate);
+  const double params = (static_cast<double>(c.vocab_size) + static_cast<double>(c.max_positions) +
+                         static_cast<double>(c.type_vocab)) * h +
+                        static_cast<double>(c.layers) * (4 * h * h + 2 * h * inter + 9 * h + inter) + 2 * h * h;
+  check_model_fits(params,
+                   detail::cat("model.hidden ", c.hidden, " (with model.layers ", c.layers, ", model.intermediate ",
+                               c.intermediate, ", model.vocab-size ", c.vocab_size, ", model.max-positions ",
+                               c.max_positions, ")"),
+                   "bert");
   return c;
 }
 

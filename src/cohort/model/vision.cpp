@@ -9,6 +9,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/core/registry.hpp"
 #include "cohort/model/dropout.hpp"
+#include "cohort/model/model_size.hpp"
 
 namespace cohort {
 
@@ -78,6 +79,15 @@ ImageModel make_image_model(const ModelOptions& opts, const ImageModelSpec& spec
   auto factory = models().get(opts.name, " for image tasks");
   COHORT_CHECK(spec.height >= 4 && spec.width >= 4, DataError, "images of ", spec.height, "x",
                spec.width, " are too small for model ", opts.name);
+  // The built-in models' size, before any tensor is allocated.
+  const double h = static_cast<double>(opts.hidden), c = static_cast<double>(spec.classes);
+  const double pixels = static_cast<double>(spec.height) * static_cast<double>(spec.width);
+  if (opts.name == "mlp") {
+    check_model_fits(pixels * h + h * h + h * c + 2 * h + c, detail::cat("model.hidden ", opts.hidden), "mlp");
+  } else if (opts.name == "cnn") {
+    const double features = 64.0 * static_cast<double>(spec.height / 4) * static_cast<double>(spec.width / 4);
+    check_model_fits(features * h + h * c + h + c + 18816 + 96, detail::cat("model.hidden ", opts.hidden), "cnn");
+  }
   return factory(opts, spec);
 }
 

@@ -35,14 +35,29 @@ std::string plot_run(const std::string& run_dir, const std::string& output) {
     } catch (const std::exception&) {
       throw DataError(detail::cat(metrics.string(), ":", line_no, ": not a JSON line"));
     }
-    if (j.value("kind", "") == "train") {
+    // A field of the wrong type (a null step, a string loss) is named with
+    // its line, not left to a raw JSON type error.
+    const std::string at = detail::cat(metrics.string(), ":", line_no, ": ");
+    COHORT_CHECK(j.is_object() && (!j.contains("kind") || j["kind"].is_string()), DataError, at,
+                 "not a metrics line (an object with a string \"kind\")");
+    const std::string kind = j.value("kind", "");
+    if (kind == "train" || kind == "eval") {
+      COHORT_CHECK(j.contains("step") && j["step"].is_number(), DataError, at, "\"step\" must be a number (got ",
+                   j.contains("step") ? j["step"].dump() : std::string("none"), ")");
+      for (auto& [k, v] : j.items()) {
+        COHORT_CHECK(!(k == "loss" || k == "lr" || k == "tokens_per_s") || v.is_number(), DataError, at, "\"", k,
+                     "\" must be a number (got ", v.dump(), ")");
+        COHORT_CHECK(k != "split" || v.is_string(), DataError, at, "\"split\" must be a string (got ", v.dump(), ")");
+      }
+    }
+    if (kind == "train") {
       train << j["step"] << ' ' << j.value("loss", 0.0) << ' ' << j.value("lr", 0.0) << ' '
             << j.value("tokens_per_s", 0.0) << '\n';
       ++train_lines;
-    } else if (j.value("kind", "") == "eval") {
+    } else if (kind == "eval") {
       // One curve: the training's own eval split (the first one logged);
       // `cohort eval` lines for other splits are left out.
-      if (!evals.empty() && j.value("split", "") != evals.front().value("split", "")) continue;
+      if (!evals.empty() && j.value("split", std::string()) != evals.front().value("split", std::string())) continue;
       for (auto& [k, v] : j.items())
         if (v.is_number_float() && k != "loss") eval_metrics.insert(k);
       evals.push_back(j);

@@ -19,6 +19,8 @@ namespace cohort::text {
 
 namespace {
 
+bool ends_with(std::string_view s, std::string_view suffix);
+
 struct GzCloser {
   void operator()(gzFile_s* f) const { gzclose(f); }
 };
@@ -33,6 +35,16 @@ GzFile open_input(const std::string& path) {
   GzFile f(gzopen(path.c_str(), "rb"));
   COHORT_CHECK(f != nullptr, DataError, path, ": cannot open (", std::strerror(errno), ")");
   gzbuffer(f.get(), 1 << 20);
+  // zlib reads a file that is not gzip as it is: for a name that promises
+  // compression that is a wrong file, not text.
+  if (ends_with(path, ".gz") || ends_with(path, ".dz")) {
+    char first = 0;
+    int got = gzread(f.get(), &first, 1);
+    COHORT_CHECK(got <= 0 || !gzdirect(f.get()), DataError, path,
+                 ": not gzip-compressed, though its name ends in ", path.substr(path.size() - 3),
+                 " (a wrong or damaged file?)");
+    gzrewind(f.get());
+  }
   return f;
 }
 
@@ -44,6 +56,14 @@ size_t read_some(gzFile f, const std::string& path, char* dst, size_t n) {
     const char* msg = gzerror(f, &errnum);
     throw DataError(detail::cat(path, ": corrupt or unreadable (", errnum == Z_ERRNO ? std::strerror(errno) : msg,
                                 ")"));
+  }
+  if (r == 0) {
+    // The end; zlib returns what it could decompress of a truncated stream
+    // and only says so here.
+    int errnum = Z_OK;
+    const char* msg = gzerror(f, &errnum);
+    COHORT_CHECK(errnum == Z_OK, DataError, path, ": truncated or corrupt compressed data (", msg,
+                 "); nothing of it is used. Is the file complete?");
   }
   return static_cast<size_t>(r);
 }
@@ -520,6 +540,10 @@ std::vector<std::string> gcide_sentences(const std::string& entry) {
 
 std::vector<Document> read_gcide_documents(const std::string& path) {
   const std::string dict = read_all(path);
+  // GCIDE's dictd text is ASCII; random bytes would still yield "entries".
+  const size_t bad = bad_text_bytes(dict);
+  COHORT_CHECK(bad * 100 <= dict.size(), DataError, path, " is not a dictd dictionary: ", bad, " of ", dict.size(),
+               " bytes are NUL or not valid UTF-8 (expected a GCIDE .dict or .dict.dz, e.g. /usr/share/dictd/gcide.dict.dz)");
   const std::string idx = index_path(path);
   std::vector<Span> spans = idx.empty() ? spans_from_layout(dict) : spans_from_index(idx, dict.size(), path);
   std::vector<Document> docs;

@@ -41,6 +41,8 @@ RunOptions plan_training(const TrainRequest& request, ConfigBinding& binding, Co
   }
   if (!resume_path.empty()) run.resume = resolve_checkpoint(resume_path, run.notes);
   COHORT_CHECK(!run.out_dir.empty(), UsageError, "--out RUN_DIR is required (or --resume RUN_DIR)");
+  COHORT_CHECK(!fs::exists(run.out_dir) || fs::is_directory(run.out_dir), UsageError, "--out ", run.out_dir,
+               " is an existing file, not a run directory; choose another --out");
   if (!request.config_path.empty()) binding.apply_file(request.config_path);
   std::string saved_config;
   if (run.resume) {

@@ -298,7 +298,12 @@ Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
 // model.init. A fine-tuning task starts from what the file shares with it,
 // and the log names what it initialised and what it left out.
 void Trainer::Parts::init_weights() {
-  std::string file = model_weights_file(cfg.model.init);
+  std::string file;
+  try {
+    file = model_weights_file(cfg.model.init);
+  } catch (const DataError& e) {
+    throw DataError(std::string("model.init ") + e.what());
+  }
   if (!task->init_partially()) {
     load_model_weights(*task->module(), file);
     run.notes.push_back("model.init: every tensor from " + file);
@@ -326,6 +331,11 @@ void Trainer::Parts::build_data() {
   }
   order = std::make_unique<GlobalOrder>(train.size(), cfg.data.global_batch, cfg.train.seed, cfg.data.drop_last,
                                         std::move(bucketing));
+  if (cfg.data.global_batch > train.size()) {
+    run.notes.push_back(strf("warning: data.global-batch %lld is larger than the training split (%lld samples): "
+                             "each step takes the whole split",
+                             static_cast<long long>(cfg.data.global_batch), static_cast<long long>(train.size())));
+  }
   if (cfg.train.max_steps > 0) {
     total_steps = cfg.train.max_steps;
   } else {

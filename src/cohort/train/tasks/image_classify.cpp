@@ -30,6 +30,9 @@ class ImageClassifyTask : public Task {
   std::shared_ptr<const Dataset> eval_set(const std::string& split) const override {
     if (split == "train") return train_;
     auto set = std::make_shared<ImageDataset>(ImageDataset::load(dir_, split));
+    COHORT_CHECK(set->height() == train_->height() && set->width() == train_->width(), DataError, set->describe(),
+                 ": images of ", set->height(), "x", set->width(), " but the training set's are ", train_->height(),
+                 "x", train_->width(), "; the model takes one shape (is data.path a mix of two datasets?)");
     COHORT_CHECK(set->num_classes() <= train_->num_classes(), DataError, set->describe(), ": a label of ",
                  set->num_classes() - 1, " is outside the training set's ", train_->num_classes(), " classes");
     return set;
