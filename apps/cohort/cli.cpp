@@ -34,6 +34,7 @@
 #include "cohort/train/elastic.hpp"
 #include "cohort/train/evaluate.hpp"
 #include "cohort/train/run.hpp"
+#include "cohort/train/run_dir.hpp"
 #include "cohort/train/runtime.hpp"
 #include "cohort/train/stop.hpp"
 #include "cohort/train/trainer.hpp"
@@ -377,6 +378,7 @@ int cli_main(int argc, char** argv) {
     if (train->parsed()) {
       Env env = process_env();
       request.generation = env.count("COHORT_GENERATION") ? std::stoi(env["COHORT_GENERATION"]) : 0;
+      request.job_id = RunDirLock::job_id_from(env);
       RunOptions run = plan_training(request, binding, cfg);
       run.quiet = quiet;
       // mpirun hands every rank a terminal, and its log then fills with the

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
+#include <c10/util/Exception.h>
 #include <torch/serialize.h>
 
 #include <algorithm>
@@ -40,40 +41,76 @@ Checkpoints::Checkpoints(std::string run_dir, int keep)
 
 std::string Checkpoints::dir_name(int64_t step) { return "step-" + std::to_string(step); }
 
+std::vector<std::string> Checkpoints::remove_partial(const std::string& run_dir) {
+  std::vector<std::string> removed;
+  fs::path root = fs::path(run_dir) / "checkpoints";
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    std::string name = e.path().filename().string();
+    if (name.rfind(".tmp-", 0) != 0 && !(name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0)) continue;
+    std::error_code rm;
+    fs::remove_all(e.path(), rm);
+    COHORT_CHECK(!rm, Error, e.path().string(), ": cannot remove this partial checkpoint (", rm.message(), ")");
+    removed.push_back(name);
+  }
+  return removed;
+}
+
 std::string Checkpoints::write(const CheckpointState& state, const NamedTensors& model,
                                torch::optim::Optimizer& optimizer, const NamedTensors& rng,
                                const std::string& config_toml) {
-  fs::create_directories(root_);
+  std::error_code ec;
+  fs::create_directories(root_, ec);
+  COHORT_CHECK(!ec, Error, root_, ": cannot create directory (", ec.message(), ")");
   fs::path final_dir = fs::path(root_) / dir_name(state.step);
   fs::path tmp = fs::path(root_) / (".tmp-" + dir_name(state.step));
-  for (const auto& e : fs::directory_iterator(root_)) {
-    if (e.path().filename().string().rfind(".tmp-", 0) == 0) fs::remove_all(e.path());  // crashed writes
+  remove_partial(fs::path(root_).parent_path().string());  // crashed writes
+  try {
+    fs::create_directory(tmp, ec);
+    COHORT_CHECK(!ec, Error, tmp.string(), ": cannot create directory (", ec.message(), ")");
+    save_safetensors((tmp / "model.safetensors").string(), model, {{"format", "pt"}});
+    // libtorch's file writer throws from its destructor when the disk is
+    // full (std::terminate, a stack trace instead of an error): serialize in
+    // memory, where nothing fails, and write the bytes ourselves.
+    std::ostringstream opt;
+    try {
+      torch::save(optimizer, opt);
+    } catch (const c10::Error& e) {
+      throw Error(detail::cat((tmp / "optimizer.pt").string(), ": cannot serialize the optimizer (",
+                              detail::first_line(e.what_without_backtrace()), ")"));
+    }
+    write_file_durably((tmp / "optimizer.pt").string(), {opt.str()});
+    save_safetensors((tmp / "rng.safetensors").string(), rng);
+    write_file_durably((tmp / "config.toml").string(), {config_toml});
+
+    nlohmann::json manifest = {{"format_version", CheckpointState::kFormatVersion},
+                               {"step", state.step},
+                               {"epoch", state.cursor.epoch},
+                               {"consumed", state.cursor.consumed},
+                               {"samples_seen", state.samples_seen},
+                               {"world_size", state.world_size},
+                               {"train_samples", state.train_samples},
+                               {"balance_shares", state.balance_shares}};
+    for (const char* f : kFiles) manifest["sha256"][f] = sha256_hex(read_file((tmp / f).string()));
+    manifest["state_sha256"] = sha256_hex(manifest.dump());  // covers the fields above, the step and cursor too
+    write_file_durably((tmp / "state.json").string(), {manifest.dump(2) + "\n"});
+    sync_path(tmp.string(), true);
+
+    fs::remove_all(final_dir, ec);  // an older attempt at the same step
+    fs::rename(tmp, final_dir, ec);
+    COHORT_CHECK(!ec, Error, final_dir.string(), ": cannot rename ", tmp.string(), " into place (", ec.message(), ")");
+  } catch (const Error& e) {
+    // The partial checkpoint goes (it would only fill the disk further);
+    // `latest` still names the previous one, which is untouched.
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+    std::string latest;
+    std::ifstream in(fs::path(root_) / "latest");
+    std::getline(in, latest);
+    throw Error(detail::cat(e.what(), "; checkpoint ", dir_name(state.step), " was not written",
+                            latest.empty() ? std::string() : "; " + latest + " is intact and still the latest"),
+                e.exit_code());
   }
-  fs::create_directories(tmp);
-
-  save_safetensors((tmp / "model.safetensors").string(), model, {{"format", "pt"}});
-  torch::save(optimizer, (tmp / "optimizer.pt").string());
-  save_safetensors((tmp / "rng.safetensors").string(), rng);
-  write_file_atomically((tmp / "config.toml").string(), config_toml);
-
-  nlohmann::json manifest = {{"format_version", CheckpointState::kFormatVersion},
-                             {"step", state.step},
-                             {"epoch", state.cursor.epoch},
-                             {"consumed", state.cursor.consumed},
-                             {"samples_seen", state.samples_seen},
-                             {"world_size", state.world_size},
-                             {"train_samples", state.train_samples},
-                             {"balance_shares", state.balance_shares}};
-  for (const char* f : kFiles) {
-    manifest["sha256"][f] = sha256_hex(read_file((tmp / f).string()));
-    sync_path((tmp / f).string(), false);
-  }
-  manifest["state_sha256"] = sha256_hex(manifest.dump());  // covers the fields above, the step and cursor too
-  write_file_atomically((tmp / "state.json").string(), manifest.dump(2) + "\n");
-  sync_path(tmp.string(), true);
-
-  fs::remove_all(final_dir);  // an older attempt at the same step
-  fs::rename(tmp, final_dir);
   sync_path(root_, true);
   write_file_atomically((fs::path(root_) / "latest").string(), dir_name(state.step) + "\n");
 

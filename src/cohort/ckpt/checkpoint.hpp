@@ -48,9 +48,16 @@ class Checkpoints {
   Checkpoints(std::string run_dir, int keep);
 
   // Writes step-N atomically and prunes to the newest `keep`. Rank 0 only.
-  // Returns the directory written.
+  // Returns the directory written. A failed write (a full disk) throws one
+  // Error naming the file and the reason; the partial step-N is removed and
+  // the previous checkpoint, and `latest` naming it, are untouched.
   std::string write(const CheckpointState& state, const NamedTensors& model, torch::optim::Optimizer& optimizer,
                     const NamedTensors& rng, const std::string& config_toml);
+
+  // Removes the partial checkpoints of `run_dir` (checkpoints/.tmp-step-N/
+  // and *.tmp files: writes a crash or a full disk interrupted). Returns
+  // their names. Rank 0, holding the run directory.
+  static std::vector<std::string> remove_partial(const std::string& run_dir);
 
   // ckpt.best-metric: records step-N as the best so far (checkpoints/
   // best.json: step, metric, value); pruning keeps it. Rank 0 only.

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "cohort/core/error.hpp"
+#include "cohort/core/files.hpp"
 #include "cohort/core/json_fields.hpp"
 
 namespace cohort {
@@ -45,18 +46,14 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // align the data to 8 bytes
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  COHORT_CHECK(out.good(), Error, path, ": cannot open for writing (", std::strerror(errno), ")");
   uint64_t n = text.size();
-  unsigned char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-  out.write(reinterpret_cast<const char*>(len), 8);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<char>(n >> (8 * i));
+  std::vector<std::string_view> parts = {std::string_view(len, 8), text};
   for (const auto& c : data) {
-    out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.numel() * c.element_size()));
+    parts.emplace_back(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.numel() * c.element_size()));
   }
-  out.flush();
-  COHORT_CHECK(out.good(), Error, path, ": write failed (disk full?)");
+  write_file_durably(path, parts);  // names the file and the reason on failure
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {

@@ -17,7 +17,8 @@ namespace cohort {
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 // Writes `tensors` (moved to CPU, made contiguous) in the given order.
-// Throws Error naming the path on an I/O failure. Does not fsync.
+// Throws Error naming the path and the reason on an I/O failure (the partial
+// file is removed). Fsyncs the file.
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 

@@ -53,18 +53,39 @@ void commit_file(const std::string& tmp, const std::string& path) {
   sync_path(parent_of(path), true);
 }
 
-void write_file_atomically(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << bytes;
-    out.flush();
-    if (!out.good()) {
-      std::remove(tmp.c_str());
-      throw Error(detail::cat(tmp, ": write failed (disk full?)"));
+void write_file_durably(const std::string& path, const std::vector<std::string_view>& parts) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  COHORT_CHECK(fd >= 0, Error, path, ": cannot open for writing (", std::strerror(errno), ")");
+  auto fail = [&](const char* what, int err) {
+    ::close(fd);
+    ::unlink(path.c_str());  // a partial file would only fill the disk further
+    throw Error(detail::cat(path, ": ", what, " (", std::strerror(err), ")"));
+  };
+  for (std::string_view part : parts) {
+    while (!part.empty()) {
+      ssize_t n = ::write(fd, part.data(), part.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail("write failed", n < 0 ? errno : ENOSPC);
+      part.remove_prefix(static_cast<size_t>(n));
     }
   }
-  commit_file(tmp, path);
+  if (::fsync(fd) != 0) fail("fsync failed", errno);
+  if (::close(fd) != 0) {  // NFS reports some write errors only here
+    int err = errno;
+    ::unlink(path.c_str());
+    throw Error(detail::cat(path, ": write failed on close (", std::strerror(err), ")"));
+  }
+}
+
+void write_file_atomically(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  write_file_durably(tmp, {bytes});
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    std::remove(tmp.c_str());
+    throw Error(detail::cat(path, ": cannot rename ", tmp, " into place (", std::strerror(err), ")"));
+  }
+  sync_path(parent_of(path), true);
 }
 
 }  // namespace cohort

@@ -1,4 +1,4 @@
-// defines: read_file, write_file_atomically, commit_file, sync_path
+// defines: read_file, write_file_durably, write_file_atomically, commit_file, sync_path
 //
 // Files that are either wholly there or not at all. A writer puts its bytes
 // in PATH.tmp, fsyncs them, renames the file over PATH and fsyncs the
@@ -8,11 +8,19 @@
 #pragma once
 
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace cohort {
 
 // The whole file. DataError naming it when missing or unreadable.
 std::string read_file(const std::string& path);
+
+// Writes `parts`, one after the other, to `path` (created or truncated) and
+// fsyncs it, with the system's own calls so that a failure says why. Error
+// naming the file and the reason ("write failed (No space left on device)")
+// on failure; the partial file is then removed.
+void write_file_durably(const std::string& path, const std::vector<std::string_view>& parts);
 
 // Writes `bytes` to `path` atomically and durably (PATH.tmp, fsync, rename,
 // fsync of the directory). Error naming the file on failure; PATH is then

@@ -16,6 +16,7 @@
 #include "cohort/distributed/membership.hpp"
 #include "cohort/distributed/rendezvous.hpp"
 #include "cohort/distributed/store.hpp"
+#include "cohort/train/run_dir.hpp"
 
 namespace cohort {
 
@@ -145,6 +146,22 @@ void keep_hosting(c10d::Store& store, const sigset_t& watched, int node_rank) {
       return;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+// The job's id, the same for every worker on every node and in every
+// restart (RUN_DIR/.lock belongs to the job, train/run_dir.hpp): one given
+// in COHORT_JOB_ID, else the first launcher to reach the store sets it.
+std::string agree_job_id(c10d::Store* store, const Env& env) {
+  auto given = env.find("COHORT_JOB_ID");
+  if (given != env.end() && !given->second.empty()) return given->second;
+  std::string mine = RunDirLock::new_job_id();
+  if (!store) return mine;  // HetSeq's ranks over file://: rank 0's node decides alone
+  try {
+    auto got = store->compareSet("launch/job-id", {}, bytes(mine));
+    return got.empty() ? mine : std::string(got.begin(), got.end());
+  } catch (const std::exception&) {
+    return mine;  // the store's host is gone: the workers report it
   }
 }
 
@@ -335,6 +352,7 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
   pid_t launcher_pid = getpid();
 
   const Env base_env = process_env();
+  const std::string job_id = agree_job_id(store.get(), base_env);
   int interrupted = 0;
   int stopped_rank = -1;  // a worker found stopped when another failed
   int superseded_by = -1;  // a newer generation another node started
@@ -359,6 +377,7 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
       env["COHORT_NODE_RANK"] = std::to_string(o.node_rank);
       env["COHORT_INIT_METHOD"] = plan.init;
       env["COHORT_GENERATION"] = std::to_string(generation);
+      env["COHORT_JOB_ID"] = job_id;
       if (elastic) {
         ElasticOptions eo;
         eo.nnodes = o.nnodes;

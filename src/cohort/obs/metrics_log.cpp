@@ -15,9 +15,16 @@ MetricsLog::MetricsLog(const std::string& path) : out_(path, std::ios::app), pat
 
 void MetricsLog::write(const nlohmann::json& line) {
   if (!out_.is_open()) return;
+  errno = 0;
   out_ << line.dump() << '\n';
   out_.flush();
-  COHORT_CHECK(out_.good(), Error, path_, ": write failed (disk full?)");
+  // A full disk: one error naming the file (a torn last line is dropped on
+  // resume), and no more writes after it.
+  if (!out_.good()) {
+    int err = errno;
+    out_.close();
+    throw Error(detail::cat(path_, ": write failed (", err ? std::strerror(err) : "disk full?", ")"));
+  }
 }
 
 std::string format_duration(double seconds) {

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -124,12 +125,14 @@ void TensorBoardWriter::record(const std::string& event) {
   out_.write(header, 12);
   out_.write(event.data(), static_cast<std::streamsize>(event.size()));
   out_.write(reinterpret_cast<const char*>(&data_crc), 4);
+  errno = 0;
   out_.flush();
   if (!out_.good()) {
-    // TensorBoard is optional: warn once and carry on without it.
-    std::fprintf(stderr, "cohort: warning: %s: write failed (disk full?); TensorBoard output stops here\n",
-                 path_.c_str());
+    // Like metrics.jsonl: a full disk ends the run with one error naming the
+    // file (the next checkpoint could not be written either).
+    int err = errno;
     out_.close();
+    throw Error(detail::cat(path_, ": write failed (", err ? std::strerror(err) : "disk full?", ")"));
   }
 }
 

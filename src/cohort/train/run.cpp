@@ -24,6 +24,7 @@ RunOptions plan_training(const TrainRequest& request, ConfigBinding& binding, Co
   RunOptions run;
   run.out_dir = request.out_dir;
   run.overwrite = request.overwrite;
+  run.job_id = request.job_id;
   std::string resume_path = request.resume_path;
   if (!resume_path.empty() && run.out_dir.empty()) {
     // The run dir comes from --resume before a restart looks in it, so a

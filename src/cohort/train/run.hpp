@@ -37,6 +37,9 @@ struct RunOptions {
   std::string out_dir;       // RUN_DIR
   std::string config_toml;   // the resolved config, written to RUN_DIR/config.toml
   bool overwrite = false;    // a fresh run may replace the run already in out_dir
+  // The job RUN_DIR/.lock belongs to (RunDirLock): shared by all its
+  // processes, restarts and elastic worlds. "": this process alone.
+  std::string job_id;
   std::optional<ResolvedCheckpoint> resume;  // continue from this checkpoint
   // Elastic (train/elastic.hpp): this process's state from the previous
   // world, if it held one; the new world takes rank 0's.
@@ -75,6 +78,7 @@ struct TrainRequest {
   std::string resume_path;  // --resume: a run dir or a checkpoint dir
   bool overwrite = false;   // --overwrite
   int generation = 0;       // restarts by the launcher so far (COHORT_GENERATION)
+  std::string job_id;       // the job this process belongs to (RunDirLock::job_id_from)
 };
 
 // Resolves a training run. A restart (generation > 0) continues from the

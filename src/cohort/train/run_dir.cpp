@@ -1,10 +1,28 @@
 #include "cohort/train/run_dir.hpp"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <thread>
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/files.hpp"
@@ -19,12 +37,17 @@ std::string RunDir::sample_ids_file(int rank) const {
   return (fs::path(path_) / "sample-ids" / ("rank-" + std::to_string(rank) + ".jsonl")).string();
 }
 
-std::vector<std::string> RunDir::prepare(RunMode mode, const std::string& config_toml, int64_t resumed_step) const {
-  COHORT_CHECK(!path_.empty(), UsageError, "--out RUN_DIR is required");
+void RunDir::refuse_fresh_over_a_run(RunMode mode) const {
   fs::path dir(path_);
   COHORT_CHECK(mode != RunMode::kFresh || !(fs::exists(dir / "metrics.jsonl") || fs::exists(dir / "checkpoints")),
                UsageError, path_, " already holds a run (metrics.jsonl or checkpoints/); choose a new --out, continue it with --resume ", path_,
                ", or pass --overwrite");
+}
+
+std::vector<std::string> RunDir::prepare(RunMode mode, const std::string& config_toml, int64_t resumed_step) const {
+  COHORT_CHECK(!path_.empty(), UsageError, "--out RUN_DIR is required");
+  fs::path dir(path_);
+  refuse_fresh_over_a_run(mode);
   std::error_code ec;
   fs::create_directories(dir, ec);
   COHORT_CHECK(!ec, Error, path_, ": cannot create directory (", ec.message(), ")");
@@ -34,7 +57,11 @@ std::vector<std::string> RunDir::prepare(RunMode mode, const std::string& config
     fs::remove_all(dir / "checkpoints", ec);
     fs::remove_all(dir / "sample-ids", ec);
   } else if (mode == RunMode::kResume) {
-    notes = set_aside_checkpoints_after(resumed_step);
+    // What a crash or a full disk left half-written goes first: it holds
+    // the space the rewrites below need.
+    for (const auto& name : Checkpoints::remove_partial(path_)) notes.push_back("removed partial checkpoint " + name);
+    for (const char* f : {"metrics.jsonl.tmp", "config.toml.tmp"}) fs::remove(dir / f, ec);
+    for (auto& note : set_aside_checkpoints_after(resumed_step)) notes.push_back(note);
     drop_lines_after(metrics_file(), resumed_step);
     // The steps after the checkpoint are trained again: a crash must not
     // leave their sample ids logged twice.
@@ -111,6 +138,312 @@ size_t RunDir::complete_sample_ids(int64_t step, int64_t epoch, const std::vecto
       << std::flush;
   COHORT_CHECK(out.good(), Error, file, ": cannot write the recovered sample ids of step ", step);
   return ids.size();
+}
+
+// RUN_DIR/.lock ------------------------------------------------------------
+
+namespace {
+
+// A holder on another host is dead once its lease went unrenewed this long.
+// At least two minutes whatever dist.timeout says: NFS clients cache a
+// file's times for up to a minute, so a younger lease could look expired
+// while its holder is well.
+constexpr double kMinLeaseS = 120;
+
+std::string this_host() {
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
+std::string this_boot_id() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
+}
+
+// When `pid` started, in clock ticks after boot (/proc/PID/stat field 22);
+// -1 when there is no such process. Tells a live holder from a newer
+// process that got its pid.
+int64_t start_ticks(int64_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream fields(stat.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && fields >> field; ++i) {
+    if (i == 22) return std::stoll(field);
+  }
+  return -1;
+}
+
+std::string local_time_now() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S %Z", &tm);
+  return buf;
+}
+
+std::string random_hex(int bytes) {
+  std::random_device rd;
+  std::string out;
+  char buf[3];
+  for (int i = 0; i < bytes; ++i) {
+    std::snprintf(buf, sizeof buf, "%02x", static_cast<unsigned>(rd() & 0xFF));
+    out += buf;
+  }
+  return out;
+}
+
+std::string to_json(const RunDirLock::Holder& h) {
+  return nlohmann::json({{"job", h.job}, {"host", h.host}, {"pid", h.pid}, {"pid_start", h.pid_start},
+                         {"boot_id", h.boot_id}, {"started", h.started}, {"nonce", h.nonce}})
+             .dump() + "\n";
+}
+
+// The lock file's holder; nullopt when there is no file. A file that does
+// not parse gives a holder with empty fields (judged by its age alone).
+std::optional<RunDirLock::Holder> read_holder(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  RunDirLock::Holder h;
+  try {
+    auto j = nlohmann::json::parse(text);
+    h.job = j.value("job", "");
+    h.host = j.value("host", "");
+    h.pid = j.value("pid", int64_t{0});
+    h.pid_start = j.value("pid_start", int64_t{0});
+    h.boot_id = j.value("boot_id", "");
+    h.started = j.value("started", "");
+    h.nonce = j.value("nonce", "");
+  } catch (const std::exception&) {
+    h.job = "(unreadable lock file)";
+  }
+  return h;
+}
+
+double seconds_of(const timespec& t) { return static_cast<double>(t.tv_sec) + t.tv_nsec * 1e-9; }
+
+// Seconds since `lock` was last renewed, by the file system's clock (the
+// time stamp of a file created now next to it), so that clocks that differ
+// between hosts do not matter. -1 when the lock is gone.
+double lease_age(const std::string& lock, const std::string& dir) {
+  struct stat st {};
+  if (::stat(lock.c_str(), &st) != 0) return -1;
+  double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  std::string probe = (fs::path(dir) / (".lock.now-" + random_hex(8))).string();
+  int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd >= 0) {  // else (a full disk) this host's clock will do
+    struct stat pst {};
+    if (::fstat(fd, &pst) == 0) now = seconds_of(pst.st_mtim);
+    ::close(fd);
+    ::unlink(probe.c_str());
+  }
+  return std::max(0.0, now - seconds_of(st.st_mtim));
+}
+
+// Why `h` no longer holds its lock ("which is no longer running"), or ""
+// while it lives; `live` then says how it was judged.
+std::string dead_reason(const RunDirLock::Holder& h, const RunDirLock::Holder& me, const std::string& lock,
+                        const std::string& dir, double lease_s, std::string& live) {
+  if (!h.host.empty() && h.host == me.host) {
+    if (!h.boot_id.empty() && h.boot_id != me.boot_id) return "which is no longer running (the host restarted since)";
+    bool exists = h.pid > 0 && (::kill(static_cast<pid_t>(h.pid), 0) == 0 || errno == EPERM);
+    if (!exists) return "which is no longer running";
+    int64_t now = start_ticks(h.pid);
+    if (h.pid_start > 0 && now >= 0 && now != h.pid_start) {
+      return detail::cat("which is no longer running (pid ", h.pid, " is another process now)");
+    }
+    live = "running on this host";
+    return "";
+  }
+  double age = lease_age(lock, dir);
+  if (age > lease_s) {
+    return detail::cat("whose lease expired (not renewed for ", std::lround(age), " s; a live job renews it every few "
+                       "seconds, and it expires after ", std::lround(lease_s), " s)");
+  }
+  live = detail::cat("lease renewed ", std::lround(std::max(age, 0.0)), " s ago");
+  return "";
+}
+
+// Creates `path` holding what `tmp` holds, only if `path` does not exist:
+// link() is atomic on NFS too (O_EXCL is not on old NFS). False when it
+// exists.
+bool create_exclusively(const std::string& tmp, const std::string& path, const std::string& text) {
+  if (::link(tmp.c_str(), path.c_str()) == 0) return true;
+  int err = errno;
+  if (err == EEXIST) return false;
+  if (err == EPERM || err == EOPNOTSUPP || err == ENOSYS) {  // no hard links here (FAT, some FUSE)
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0 && errno == EEXIST) return false;
+    COHORT_CHECK(fd >= 0, Error, path, ": cannot create (", std::strerror(errno), ")");
+    bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
+    err = errno;
+    ::close(fd);
+    if (!ok) ::unlink(path.c_str());
+    COHORT_CHECK(ok, Error, path, ": write failed (", std::strerror(err), ")");
+    return true;
+  }
+  throw Error(detail::cat(path, ": cannot create (", std::strerror(err), ")"));
+}
+
+}  // namespace
+
+std::string RunDirLock::Holder::describe() const {
+  return detail::cat("job ", job, " (host ", host.empty() ? "?" : host, ", pid ", pid, ", started ",
+                     started.empty() ? "?" : started, ")");
+}
+
+std::string RunDirLock::new_job_id() { return detail::cat(this_host(), "-", getpid(), "-", random_hex(4)); }
+
+std::string RunDirLock::job_id_from(const std::map<std::string, std::string>& env) {
+  auto get = [&](const char* key) {
+    auto it = env.find(key);
+    return it == env.end() ? std::string() : it->second;
+  };
+  if (!get("COHORT_JOB_ID").empty()) return get("COHORT_JOB_ID");
+  // srun: every rank of one job step shares these (two steps of one
+  // allocation are two jobs).
+  if (!get("SLURM_JOB_ID").empty() && !get("SLURM_STEP_ID").empty()) {
+    return "slurm-" + get("SLURM_JOB_ID") + "." + get("SLURM_STEP_ID");
+  }
+  return "";
+}
+
+struct RunDirLock::Renewer {
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool stop = false;
+  std::thread thread;
+};
+
+std::unique_ptr<RunDirLock> RunDir::lock(const std::string& job_id, double lease_s, RunMode mode,
+                                         std::vector<std::string>& notes) const {
+  COHORT_CHECK(!path_.empty(), UsageError, "--out RUN_DIR is required");
+  std::error_code ec;
+  fs::create_directories(path_, ec);
+  COHORT_CHECK(!ec, Error, path_, ": cannot create directory (", ec.message(), ")");
+  const double lease = std::max(lease_s, kMinLeaseS);
+  const std::string lock = (fs::path(path_) / ".lock").string();
+  RunDirLock::Holder me;
+  me.job = job_id.empty() ? RunDirLock::new_job_id() : job_id;
+  me.host = this_host();
+  me.boot_id = this_boot_id();
+  me.pid = getpid();
+  me.pid_start = start_ticks(me.pid);
+  me.started = local_time_now();
+  me.nonce = random_hex(8);
+  const std::string tmp = (fs::path(path_) / (".lock." + me.nonce)).string();
+  const std::string takeover = lock + ".takeover";
+  struct RemoveTmp {
+    const std::string& path;
+    ~RemoveTmp() { ::unlink(path.c_str()); }
+  } remove_tmp{tmp};
+
+  std::unique_ptr<RunDirLock> held;
+  for (int attempt = 0; !held; ++attempt) {
+    COHORT_CHECK(attempt < 20, Error, lock, ": could not take the lock (other jobs keep changing it)");
+    write_file_durably(tmp, {to_json(me)});
+    if (create_exclusively(tmp, lock, to_json(me))) {
+      held = std::make_unique<RunDirLock>(lock, me, lease);
+      break;
+    }
+    auto holder = read_holder(lock);
+    if (!holder) continue;  // released meanwhile
+    bool same_process = holder->host == me.host && holder->pid == me.pid && holder->pid_start == me.pid_start;
+    if (holder->job == me.job || same_process) {
+      // This job's own (a restart, a later elastic world): it goes on, as
+      // started then.
+      if (!holder->started.empty()) me.started = holder->started;
+      write_file_durably(tmp, {to_json(me)});
+      COHORT_CHECK(std::rename(tmp.c_str(), lock.c_str()) == 0, Error, lock, ": cannot replace (", std::strerror(errno), ")");
+      held = std::make_unique<RunDirLock>(lock, me, lease);
+      break;
+    }
+    std::string live;
+    std::string dead = dead_reason(*holder, me, lock, path_, lease, live);
+    COHORT_CHECK(!dead.empty(), UsageError, path_, " is in use by ", holder->describe(), "; ", live,
+                 ": another job may not touch it, with --overwrite or not. Wait for that job to end or stop it, or "
+                 "choose another --out");
+    // A dead job's lock. Taking it over is itself locked, so that two jobs
+    // that both found it dead cannot both take it.
+    if (!create_exclusively(tmp, takeover, to_json(me))) {
+      auto other = read_holder(takeover);
+      std::string other_live;
+      if (other && dead_reason(*other, me, takeover, path_, lease, other_live).empty()) {
+        throw UsageError(detail::cat(path_, " is being taken over by ", other->describe(), " right now"));
+      }
+      ::unlink(takeover.c_str());  // left by a job that died while taking over
+      continue;
+    }
+    auto again = read_holder(lock);
+    if (again && again->nonce == holder->nonce && again->job == holder->job) {
+      bool replaced = std::rename(tmp.c_str(), lock.c_str()) == 0;
+      int err = errno;
+      ::unlink(takeover.c_str());
+      COHORT_CHECK(replaced, Error, lock, ": cannot replace (", std::strerror(err), ")");
+      notes.push_back(detail::cat("took over the lock of ", path_, " from job ", holder->job, " on host ", holder->host,
+                                  " pid ", holder->pid, " (started ", holder->started, "), ", dead));
+      held = std::make_unique<RunDirLock>(lock, me, lease);
+      break;
+    }
+    ::unlink(takeover.c_str());  // it changed meanwhile: look again
+  }
+  if (mode == RunMode::kFresh) {
+    try {
+      refuse_fresh_over_a_run(mode);
+    } catch (...) {
+      held->release();  // refused: no lock is left behind
+      throw;
+    }
+  }
+  return held;
+}
+
+RunDirLock::RunDirLock(std::string path, Holder me, double lease_s)
+    : path_(std::move(path)), me_(std::move(me)), lease_s_(lease_s), renewer_(std::make_unique<Renewer>()) {
+  renewer_->thread = std::thread([this] { renew_loop(); });
+}
+
+RunDirLock::~RunDirLock() {
+  {
+    std::lock_guard<std::mutex> g(renewer_->mutex);
+    renewer_->stop = true;
+  }
+  renewer_->wake.notify_all();
+  if (renewer_->thread.joinable()) renewer_->thread.join();
+}
+
+void RunDirLock::release() {
+  {
+    std::lock_guard<std::mutex> g(renewer_->mutex);
+    renewer_->stop = true;
+  }
+  renewer_->wake.notify_all();
+  if (renewer_->thread.joinable()) renewer_->thread.join();
+  auto holder = read_holder(path_);
+  if (holder && holder->nonce == me_.nonce) ::unlink(path_.c_str());
+}
+
+// The lease: the lock's time stamp is moved to now (the file server's now,
+// on NFS) well within lease_s, so another host sees a live holder.
+void RunDirLock::renew_loop() {
+  const auto every = std::chrono::duration<double>(std::min(10.0, lease_s_ / 12));
+  std::unique_lock<std::mutex> g(renewer_->mutex);
+  while (!renewer_->wake.wait_for(g, every, [&] { return renewer_->stop; })) {
+    auto holder = read_holder(path_);
+    if (!holder || holder->nonce != me_.nonce) {
+      std::fprintf(stderr, "cohort: warning: %s was %s; this job no longer holds its run directory\n", path_.c_str(),
+                   holder ? ("taken over by " + holder->describe()).c_str() : "removed");
+      return;
+    }
+    ::utimensat(AT_FDCWD, path_.c_str(), nullptr, 0);
+  }
 }
 
 }  // namespace cohort

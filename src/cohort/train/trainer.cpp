@@ -107,16 +107,21 @@ void agree_config(Comm& comm, const std::string& config_toml) {
 template <class Fn>
 void on_main_then_agree(Comm& comm, const char* what, Fn fn) {
   std::exception_ptr error;
+  int code = 0;  // rank 0's exit code: every rank exits with it
   if (comm.world().is_main()) {
     try {
       fn();
+    } catch (const Error& e) {
+      error = std::current_exception();
+      code = e.exit_code();
     } catch (...) {
       error = std::current_exception();
+      code = 1;
     }
   }
-  double failed = comm.all_reduce_sum(std::vector<double>{error ? 1.0 : 0.0}, what)[0];
+  double failed = comm.all_reduce_sum(std::vector<double>{static_cast<double>(code)}, what)[0];
   if (error) std::rethrow_exception(error);
-  COHORT_CHECK(failed == 0, Error, "rank 0 failed in the ", what, "; its error says why");
+  if (failed != 0) throw Error(detail::cat("rank 0 failed in the ", what, "; its error says why"), static_cast<int>(failed));
 }
 
 NamedTensors module_tensors(torch::nn::Module& module) {
@@ -195,6 +200,7 @@ struct Trainer::Parts {
   std::unique_ptr<Loader> loader;
   double window_samples = 0, window_compute_s = 0;  // this rank's, since the last rebalance
   std::unique_ptr<Checkpoints> checkpoints;
+  std::unique_ptr<RunDirLock> run_lock;  // rank 0's: RUN_DIR/.lock, released when the run ends cleanly
   std::shared_ptr<Reporter> reporter;  // rank 0's; a silent one elsewhere
   std::ofstream sample_log;            // log.sample-ids: this rank's ids per step
   TrainState state;
@@ -462,6 +468,7 @@ void Trainer::Parts::open_outputs() {
   RunDir dir(run.out_dir);
   std::vector<double> best = {0.0, 0.0};  // rank 0's: has one, its value
   on_main_then_agree(comm, "run directory set-up", [&] {
+    run_lock = dir.lock(run.job_id, cfg.dist.timeout, run.mode(), run.notes);
     for (auto& note : dir.prepare(run.mode(), run.config_toml, state.step)) run.notes.push_back(note);
     for (const auto& [name, text] : task->run_files()) write_file_atomically((fs::path(run.out_dir) / name).string(), text);
     if (run.from_peers && run.handover) complete_records(*run.handover);
@@ -559,6 +566,7 @@ void Trainer::Parts::finish_step(const StepBatch& batch, const StepResult& resul
   if (sample_log.is_open()) {
     sample_log << nlohmann::json({{"step", state.step}, {"epoch", batch.cursor.epoch}, {"ids", batch.indices}}).dump()
                << '\n' << std::flush;
+    COHORT_CHECK(sample_log.good(), Error, RunDir(run.out_dir).sample_ids_file(world.rank), ": write failed (disk full?)");
   }
   double secs = seconds_since(interval.start);
   reporter->progress({state.step, total_steps, batch.cursor.epoch, result.loss, schedule.at(state.step - 1),
@@ -694,6 +702,7 @@ void Trainer::Parts::save_checkpoint() {
 }
 
 RunSummary Trainer::Parts::end() {
+  if (run_lock) run_lock->release();
   summary.steps = state.step;
   summary.seconds = seconds_since(start);
   reporter->message(strf("cohort: done: %lld steps in %s%s", static_cast<long long>(state.step - start_step),
