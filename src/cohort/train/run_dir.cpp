@@ -348,22 +348,21 @@ std::unique_ptr<RunDirLock> RunDir::lock(const std::string& job_id, double lease
   std::unique_ptr<RunDirLock> held;
   for (int attempt = 0; !held; ++attempt) {
     COHORT_CHECK(attempt < 20, Error, lock, ": could not take the lock (other jobs keep changing it)");
-    write_file_durably(tmp, {to_json(me)});
-    if (create_exclusively(tmp, lock, to_json(me))) {
+    auto holder = read_holder(lock);
+    if (holder && (holder->job == me.job || (holder->host == me.host && holder->pid == me.pid &&
+                                             holder->pid_start == me.pid_start))) {
+      // This job's own (a restart, a later elastic world): it goes on, as
+      // started then. Rewritten in place, which needs no new space: a
+      // restart after a full disk must get this far, to the clean-up.
+      if (!holder->started.empty()) me.started = holder->started;
+      write_file_durably(lock, {to_json(me)});
       held = std::make_unique<RunDirLock>(lock, me, lease);
       break;
     }
-    auto holder = read_holder(lock);
-    if (!holder) continue;  // released meanwhile
-    bool same_process = holder->host == me.host && holder->pid == me.pid && holder->pid_start == me.pid_start;
-    if (holder->job == me.job || same_process) {
-      // This job's own (a restart, a later elastic world): it goes on, as
-      // started then.
-      if (!holder->started.empty()) me.started = holder->started;
-      write_file_durably(tmp, {to_json(me)});
-      COHORT_CHECK(std::rename(tmp.c_str(), lock.c_str()) == 0, Error, lock, ": cannot replace (", std::strerror(errno), ")");
-      held = std::make_unique<RunDirLock>(lock, me, lease);
-      break;
+    write_file_durably(tmp, {to_json(me)});
+    if (!holder) {
+      if (create_exclusively(tmp, lock, to_json(me))) held = std::make_unique<RunDirLock>(lock, me, lease);
+      continue;  // else another job was quicker: look at it
     }
     std::string live;
     std::string dead = dead_reason(*holder, me, lock, path_, lease, live);
