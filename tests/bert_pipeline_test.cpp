@@ -151,11 +151,12 @@ TEST(BertPipeline, PrepareTrainEvalExport) {
   TempDir tmp;
   auto prep = test::prepare_tiny_bert(tmp);
   ASSERT_EQ(prep.code, 0) << prep.err;
+  // model.max-positions is not in `common`: a key given twice is an error.
   std::string common = " --train.task bert-pretrain --model.name bert --model.hidden 32 --model.layers 1"
-                       " --model.heads 2 --model.max-positions 64 --data.path " + tmp / "data" +
+                       " --model.heads 2 --data.path " + tmp / "data" +
                        " --data.global-batch 16 --eval.split valid --log.every-steps 5 --quiet";
-  auto train = test::run_cohort("train" + common + " --train.max-steps 20 --optim.lr 0.003 --ckpt.every-steps 10 --out " +
-                                tmp / "run");
+  auto train = test::run_cohort("train" + common + " --model.max-positions 64 --train.max-steps 20 --optim.lr 0.003 "
+                                "--ckpt.every-steps 10 --out " + tmp / "run");
   ASSERT_EQ(train.code, 0) << train.err;
   auto lines = test::lines_of(test::read_file(tmp / "run/metrics.jsonl"));
   int train_lines = 0, eval_lines = 0;
@@ -194,7 +195,8 @@ TEST(BertPipeline, PrepareTrainEvalExport) {
   EXPECT_TRUE(std::filesystem::exists(tmp / "export/vocab.txt"));
 
   // A model that cannot hold the data is refused before the first step.
-  auto small_vocab = test::run_cohort("train" + common + " --train.max-steps 2 --model.vocab-size 50 --out " +
+  auto small_vocab = test::run_cohort("train" + common +
+                                      " --model.max-positions 64 --train.max-steps 2 --model.vocab-size 50 --out " +
                                       tmp / "bad1");
   EXPECT_EQ(small_vocab.code, 2) << small_vocab.err;
   EXPECT_NE(small_vocab.err.find("model.vocab-size"), std::string::npos) << small_vocab.err;
@@ -205,7 +207,8 @@ TEST(BertPipeline, PrepareTrainEvalExport) {
 
   // model.init starts a new run from the first run's weights: with a
   // vanishing lr, its one step leaves them where they were.
-  auto init = test::run_cohort("train" + common + " --train.max-steps 1 --optim.lr 1e-30 --model.init " +
+  auto init = test::run_cohort("train" + common +
+                               " --model.max-positions 64 --train.max-steps 1 --optim.lr 1e-30 --model.init " +
                                tmp / "export" + " --out " + tmp / "run2");
   ASSERT_EQ(init.code, 0) << init.err;
   ASSERT_EQ(test::run_cohort("export " + tmp / "run2" + " -o " + tmp / "export2").code, 0);

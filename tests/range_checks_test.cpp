@@ -277,7 +277,7 @@ TEST(RangeChecks, TestImagesOfAnotherShapeAreNamed) {
   write_file(tmp / "t10k-images-idx3-ubyte", idx({8, 12, 12}));
   auto r = run_cohort("train --model.name cnn --model.hidden 8 --train.max-steps 1 --quiet --data.path " +
                       tmp.path() + " --out " + (tmp / "run"));
-  expect_one_line(r, 1, {"t10k-images-idx3-ubyte", "12x12", "8x8"});
+  expect_one_line(r, 1, {tmp.path() + " (test)", "images of 12x12 but the training set's are 8x8"});
   EXPECT_FALSE(std::filesystem::exists(tmp / "run/checkpoints"));
 }
 
@@ -328,10 +328,13 @@ TEST(RangeChecks, ClassifyInputThatIsADirectory) {
 // A raw allocator message named no key.
 TEST(RangeChecks, AModelTooLargeNamesTheKey) {
   TempDir tmp;
-  std::string train = tiny_train(tmp);
-  expect_one_line(run_cohort(train + " --model.hidden 100000000"), 2, {"model.hidden 100000000", "mlp", "GiB"});
+  cohort::test::write_tiny_dataset(tmp);
+  std::string train = "train --train.max-steps 1 --quiet --data.path " + tmp.path() + " --out " + (tmp / "run");
+  expect_one_line(run_cohort(train + " --model.name mlp --model.hidden 100000000"), 2,
+                  {"model.hidden 100000000 makes the mlp model", "GiB"});
   expect_one_line(run_cohort(train + " --model.name cnn --model.hidden 100000000000"), 2,
-                  {"model.hidden 100000000000", "cnn", "GiB"});
+                  {"model.hidden 100000000000 makes the cnn model", "GiB"});
+  EXPECT_FALSE(std::filesystem::exists(tmp / "run/checkpoints"));
 }
 
 TEST(RangeChecks, OutThatIsAFileIsAUsageError) {
@@ -341,4 +344,12 @@ TEST(RangeChecks, OutThatIsAFileIsAUsageError) {
   expect_one_line(run_cohort("train --model.name mlp --train.max-steps 1 --quiet --data.path " + tmp.path() +
                              " --out " + (tmp / "file")),
                   2, {"--out " + (tmp / "file"), "existing file"});
+}
+
+// bench adds its own keys to each `cohort train`; the same key after -- was
+// silently overridden, and is now named.
+TEST(RangeChecks, BenchNamesTheTrainKeysItSets) {
+  expect_one_line(run_cohort("bench --ranks 1 -- --threads 2"), 2, {"bench sets --threads", "--threads-per-rank"});
+  expect_one_line(run_cohort("bench --ranks 1 -- --data.global-batch=8"), 2,
+                  {"bench sets --data.global-batch", "--per-rank-batch", "--data.global-batch=8"});
 }
