@@ -195,7 +195,9 @@ TEST(BertClassify, FineTunesFromAPretrainingCheckpointWithMetricsIdenticalAtAnyW
   EXPECT_EQ(best.metric, "macro_f1");
   EXPECT_TRUE(std::filesystem::exists(tmp / "fine/checkpoints/" + Checkpoints::dir_name(best.step)));
   // A shape mismatch names the tensor.
-  auto wrong = run_cohort(classify + " --model.hidden 64 --train.max-steps 1 --model.init " + tmp / "pre --out " +
+  std::string other_shape = classify;  // each key once: a key given twice is a usage error
+  other_shape.replace(other_shape.find("--model.hidden 32"), 17, "--model.hidden 64");
+  auto wrong = run_cohort(other_shape + " --train.max-steps 1 --model.init " + tmp / "pre --out " +
                           tmp / "wrong");
   EXPECT_EQ(wrong.code, 2) << wrong.err;
   EXPECT_NE(wrong.err.find("tensor 'bert.embeddings.word_embeddings.weight' has shape ["), std::string::npos) << wrong.err;

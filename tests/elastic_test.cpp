@@ -358,6 +358,7 @@ TEST(Elastic, NodeZerosRankIsLostAndItsStoreStays) {
 struct LostAt {
   int rank;
   const char* point;
+  const char* extra = "";  // more flags
 };
 
 class ElasticLoss : public ::testing::TestWithParam<LostAt> {};
@@ -367,7 +368,7 @@ TEST_P(ElasticLoss, TheStepInFlightKeepsItsRecords) {
   TempDir tmp;
   cohort::test::write_tiny_dataset(tmp, 240);
   const int port = cohort::test::free_port();
-  std::string args = elastic_args(tmp, "127.0.0.1", port, 4) + " --oversubscribe";
+  std::string args = elastic_args(tmp, "127.0.0.1", port, 4) + " --oversubscribe " + lost.extra;
   args.erase(args.find(" --quiet"), 8);  // the summary line is checked
   std::vector<std::unique_ptr<Background>> nodes;
   for (int n = 0; n < 3; ++n) {
@@ -394,11 +395,17 @@ TEST_P(ElasticLoss, TheStepInFlightKeepsItsRecords) {
   EXPECT_EQ(steps, every) << read_file(metrics);
   expect_every_sample_once(tmp / "run", 240, 4);
   EXPECT_NE(survivors_out.find("cohort: done: 80 steps"), std::string::npos) << survivors_out;
+  // The job's own run-directory lock passes to the new rank 0 (the same
+  // job), never "taken over".
+  EXPECT_EQ(survivors_out.find("took over the lock"), std::string::npos) << survivors_out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Moments, ElasticLoss,
                          ::testing::Values(LostAt{2, "applied"}, LostAt{0, "applied"}, LostAt{0, "line"},
-                                           LostAt{1, "line"}),
+                                           LostAt{1, "line"},
+                                           // data.balance's measurement, a collective before the line
+                                           LostAt{1, "applied", "--data.balance auto --data.balance-every 1"}),
                          [](const ::testing::TestParamInfo<LostAt>& i) {
-                           return "Rank" + std::to_string(i.param.rank) + "_" + i.param.point;
+                           return "Rank" + std::to_string(i.param.rank) + "_" + i.param.point +
+                                  (*i.param.extra ? "_balanced" : "");
                          });

@@ -350,11 +350,11 @@ TEST(Balance, DropoutLossDoesNotDependOnTheSplitBert) {
 TEST(Launch, DifferentModelOnAnotherNodeNamesTheKey) {
   TempDir tmp;
   cohort::test::write_tiny_dataset(tmp);
-  const std::string job = std::string(COHORT_BIN) + " train --model.name mlp --model.hidden 8 --data.global-batch 4 "
+  const std::string job = std::string(COHORT_BIN) + " train --model.name mlp --data.global-batch 4 "
                           "--train.max-steps 5 --dist.timeout 20 --eval.max-samples 8 --data.path " + tmp.path() +
                           " --out " + (tmp / "run") + " --nnodes 2 --init-method tcp://127.0.0.1:" +
                           std::to_string(cohort::test::free_port());
-  Background node0(job + " --node-rank 0", tmp, "node0");
+  Background node0(job + " --model.hidden 8 --node-rank 0", tmp, "node0");
   auto node1 = run_cohort(job.substr(std::string(COHORT_BIN).size() + 1) + " --node-rank 1 --model.hidden 16");
   EXPECT_EQ(node1.code, 2) << node1.err;
   EXPECT_NE(node1.err.find("model.hidden differs between rank 0 and rank(s) 1 (rank 1 has 16)"), std::string::npos)

@@ -110,6 +110,10 @@ std::string Checkpoints::write(const CheckpointState& state, const NamedTensors&
     throw Error(detail::cat(e.what(), "; checkpoint ", dir_name(state.step), " was not written",
                             latest.empty() ? std::string() : "; " + latest + " is intact and still the latest"),
                 e.exit_code());
+  } catch (...) {  // c10::Error, bad_alloc: the partial checkpoint goes too
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+    throw;
   }
   sync_path(root_, true);
   write_file_atomically((fs::path(root_) / "latest").string(), dir_name(state.step) + "\n");

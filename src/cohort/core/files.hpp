@@ -17,7 +17,9 @@ namespace cohort {
 std::string read_file(const std::string& path);
 
 // Writes `parts`, one after the other, to `path` (created or truncated) and
-// fsyncs it, with the system's own calls so that a failure says why. Error
+// fsyncs it, with the system's own calls so that a failure says why. In
+// place, so not atomic by itself: for files inside a temporary directory
+// that is renamed into place (a checkpoint), or for PATH.tmp. Error
 // naming the file and the reason ("write failed (No space left on device)")
 // on failure; the partial file is then removed.
 void write_file_durably(const std::string& path, const std::vector<std::string_view>& parts);

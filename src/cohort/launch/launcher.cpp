@@ -297,11 +297,11 @@ int launch_node(const LaunchOptions& o, const std::vector<std::string>& argv) {
         auto theirs = store->get(detail::cat("launch/nnodes/", n));
         int their_nnodes = std::stoi(std::string(theirs.begin(), theirs.end()));
         if (their_nnodes != o.nnodes) {
-          // The store's host lingers (5 s at most) until another node has
-          // seen the mismatch too, so that it is told and not cut off.
+          // The store's host lingers until another node has seen the
+          // mismatch too (or the meeting's deadline), so that it is told
+          // and not cut off, however slow it is to look.
           int64_t seen = store->add("launch/nnodes-mismatch", 1);
-          const auto linger = Clock::now() + std::chrono::seconds(5);
-          while (init.kind == InitMethod::Kind::kTcp && node_zero && seen < 2 && Clock::now() < linger &&
+          while (init.kind == InitMethod::Kind::kTcp && node_zero && seen < 2 && Clock::now() < deadline &&
                  !pending_stop(watched)) {
             std::this_thread::sleep_for(std::chrono::milliseconds(50));
             seen = store->add("launch/nnodes-mismatch", 0);

@@ -4,6 +4,7 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/files.hpp"
+#include "cohort/train/run_dir.hpp"
 
 namespace cohort {
 
@@ -40,6 +41,9 @@ RunOptions plan_training(const TrainRequest& request, ConfigBinding& binding, Co
     if (fs::exists(fs::path(run.out_dir) / "checkpoints" / "latest")) resume_path = run.out_dir;
     else if (resume_path.empty()) run.overwrite = true;
   }
+  // Another live job's directory is refused before its checkpoints are read
+  // (they may be pruned under a resume) or any work starts.
+  if (!run.out_dir.empty() && fs::is_directory(run.out_dir)) RunDir(run.out_dir).refuse_if_held(run.job_id);
   if (!resume_path.empty()) run.resume = resolve_checkpoint(resume_path, run.notes);
   COHORT_CHECK(!run.out_dir.empty(), UsageError, "--out RUN_DIR is required (or --resume RUN_DIR)");
   COHORT_CHECK(!fs::exists(run.out_dir) || fs::is_directory(run.out_dir), UsageError, "--out ", run.out_dir,

@@ -156,6 +156,14 @@ std::string this_host() {
   return host;
 }
 
+// The pid namespace ("pid:[4026531836]"): containers that share a host
+// name (--net=host) each number their own processes.
+std::string this_pid_ns() {
+  char buf[64] = {0};
+  ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
 std::string this_boot_id() {
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::string id;
@@ -201,7 +209,7 @@ std::string random_hex(int bytes) {
 
 std::string to_json(const RunDirLock::Holder& h) {
   return nlohmann::json({{"job", h.job}, {"host", h.host}, {"pid", h.pid}, {"pid_start", h.pid_start},
-                         {"boot_id", h.boot_id}, {"started", h.started}, {"nonce", h.nonce}})
+                         {"boot_id", h.boot_id}, {"pid_ns", h.pid_ns}, {"started", h.started}, {"nonce", h.nonce}})
              .dump() + "\n";
 }
 
@@ -219,6 +227,7 @@ std::optional<RunDirLock::Holder> read_holder(const std::string& path) {
     h.pid = j.value("pid", int64_t{0});
     h.pid_start = j.value("pid_start", int64_t{0});
     h.boot_id = j.value("boot_id", "");
+    h.pid_ns = j.value("pid_ns", "");
     h.started = j.value("started", "");
     h.nonce = j.value("nonce", "");
   } catch (const std::exception&) {
@@ -251,8 +260,11 @@ double lease_age(const std::string& lock, const std::string& dir) {
 // while it lives; `live` then says how it was judged.
 std::string dead_reason(const RunDirLock::Holder& h, const RunDirLock::Holder& me, const std::string& lock,
                         const std::string& dir, double lease_s, std::string& live) {
-  if (!h.host.empty() && h.host == me.host) {
-    if (!h.boot_id.empty() && h.boot_id != me.boot_id) return "which is no longer running (the host restarted since)";
+  // Its pid is checked only where it means the same process: the same host
+  // name, boot and pid namespace. Otherwise (another machine, a machine that
+  // shares the name, another container, or this host before a reboot) the
+  // lease decides, which has expired after a reboot anyway.
+  if (!h.host.empty() && h.host == me.host && h.boot_id == me.boot_id && h.pid_ns == me.pid_ns) {
     bool exists = h.pid > 0 && (::kill(static_cast<pid_t>(h.pid), 0) == 0 || errno == EPERM);
     if (!exists) return "which is no longer running";
     int64_t now = start_ticks(h.pid);
@@ -269,6 +281,18 @@ std::string dead_reason(const RunDirLock::Holder& h, const RunDirLock::Holder& m
   }
   live = detail::cat("lease renewed ", std::lround(std::max(age, 0.0)), " s ago");
   return "";
+}
+
+// Why `holder` no longer holds the lock at `lock`; UsageError naming it
+// when it is alive.
+std::string refuse_live(const std::string& dir, const RunDirLock::Holder& holder, const RunDirLock::Holder& me,
+                        const std::string& lock, double lease) {
+  std::string live;
+  std::string dead = dead_reason(holder, me, lock, dir, lease, live);
+  COHORT_CHECK(!dead.empty(), UsageError, dir, " is in use by ", holder.describe(), "; ", live,
+               ": another job may not touch it, with --overwrite or not. Wait for that job to end or stop it, or "
+               "choose another --out");
+  return dead;
 }
 
 // Creates `path` holding what `tmp` holds, only if `path` does not exist:
@@ -322,6 +346,17 @@ struct RunDirLock::Renewer {
   std::thread thread;
 };
 
+void RunDir::refuse_if_held(const std::string& job_id) const {
+  const std::string lock = (fs::path(path_) / ".lock").string();
+  auto holder = read_holder(lock);
+  if (!holder || (!job_id.empty() && holder->job == job_id)) return;
+  RunDirLock::Holder me;
+  me.host = this_host();
+  me.boot_id = this_boot_id();
+  me.pid_ns = this_pid_ns();
+  refuse_live(path_, *holder, me, lock, kMinLeaseS);
+}
+
 std::unique_ptr<RunDirLock> RunDir::lock(const std::string& job_id, double lease_s, RunMode mode,
                                          std::vector<std::string>& notes) const {
   COHORT_CHECK(!path_.empty(), UsageError, "--out RUN_DIR is required");
@@ -334,6 +369,7 @@ std::unique_ptr<RunDirLock> RunDir::lock(const std::string& job_id, double lease
   me.job = job_id.empty() ? RunDirLock::new_job_id() : job_id;
   me.host = this_host();
   me.boot_id = this_boot_id();
+  me.pid_ns = this_pid_ns();
   me.pid = getpid();
   me.pid_start = start_ticks(me.pid);
   me.started = local_time_now();
@@ -359,16 +395,15 @@ std::unique_ptr<RunDirLock> RunDir::lock(const std::string& job_id, double lease
       held = std::make_unique<RunDirLock>(lock, me, lease);
       break;
     }
+    // A live holder is refused before anything is written: on a full disk
+    // too, the answer is "in use", not a failed write.
+    std::string dead;
+    if (holder) dead = refuse_live(path_, *holder, me, lock, lease);
     write_file_durably(tmp, {to_json(me)});
     if (!holder) {
       if (create_exclusively(tmp, lock, to_json(me))) held = std::make_unique<RunDirLock>(lock, me, lease);
       continue;  // else another job was quicker: look at it
     }
-    std::string live;
-    std::string dead = dead_reason(*holder, me, lock, path_, lease, live);
-    COHORT_CHECK(!dead.empty(), UsageError, path_, " is in use by ", holder->describe(), "; ", live,
-                 ": another job may not touch it, with --overwrite or not. Wait for that job to end or stop it, or "
-                 "choose another --out");
     // A dead job's lock. Taking it over is itself locked, so that two jobs
     // that both found it dead cannot both take it.
     if (!create_exclusively(tmp, takeover, to_json(me))) {
@@ -436,9 +471,16 @@ void RunDirLock::renew_loop() {
   std::unique_lock<std::mutex> g(renewer_->mutex);
   while (!renewer_->wake.wait_for(g, every, [&] { return renewer_->stop; })) {
     auto holder = read_holder(path_);
-    if (!holder || holder->nonce != me_.nonce) {
-      std::fprintf(stderr, "cohort: warning: %s was %s; this job no longer holds its run directory\n", path_.c_str(),
-                   holder ? ("taken over by " + holder->describe()).c_str() : "removed");
+    // Unreadable for a moment (an NFS hiccup, a rewrite in progress): the
+    // next beat tries again rather than letting the lease lapse.
+    if (!holder || holder->nonce.empty()) continue;
+    if (holder->nonce != me_.nonce) {
+      // The job's next holder (a restart, an elastic world's new rank 0) is
+      // no news; another job is.
+      if (holder->job != me_.job) {
+        std::fprintf(stderr, "cohort: warning: %s was taken over by %s; this job no longer holds its run directory\n",
+                     path_.c_str(), holder->describe().c_str());
+      }
       return;
     }
     ::utimensat(AT_FDCWD, path_.c_str(), nullptr, 0);

@@ -61,6 +61,10 @@ class RunDir {
   // renewing before it counts as dead.
   std::unique_ptr<RunDirLock> lock(const std::string& job_id, double lease_s, RunMode mode,
                                    std::vector<std::string>& notes) const;
+  // Refuses (UsageError) a directory that a live job other than `job_id`
+  // holds, reading only: before a resume reads its checkpoints or any work
+  // starts. lock() still decides, later.
+  void refuse_if_held(const std::string& job_id) const;
 
  private:
   // Keeps the JSON lines of `file` whose "step" is at most `step` (and drops
@@ -87,7 +91,7 @@ class RunDirLock {
  public:
   // What a lock file says about its holder.
   struct Holder {
-    std::string job, host, boot_id, started, nonce;
+    std::string job, host, boot_id, pid_ns, started, nonce;
     int64_t pid = 0;
     int64_t pid_start = 0;  // the pid's start time, in clock ticks after boot (/proc/PID/stat)
     std::string describe() const;  // "job J (host H, pid P, started T)"

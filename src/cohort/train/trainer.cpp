@@ -207,7 +207,8 @@ struct Trainer::Parts {
   Interval interval;
   Clock::time_point start = Clock::now();
   Clock::time_point step_start = Clock::now();
-  int64_t start_step = 0;  // where this session began (after a resume)
+  int64_t start_step = 0;  // where this session began (after a resume; elastic: this process's first world)
+  int64_t world_start_step = 0;  // where this world began (data.balance measures each world afresh)
   int64_t last_eval_step = -1;
   int64_t last_ckpt_step = -1;
   std::optional<double> best_value;  // ckpt.best-metric's best so far
@@ -236,7 +237,9 @@ struct Trainer::Parts {
   StepBatch next_batch();
   void finish_step(const StepBatch& batch, const StepResult& result);
   void rebalance(const StepResult& result);
+  TrainReport train_line(int64_t epoch) const;
   void log_train(int64_t epoch);
+  bool line_due() const { return due(cfg.log.every_steps) || state.step == total_steps; }
   void run_eval();
   void keep_best(const EvalReport& r);
   void check_best_metric() const;
@@ -437,7 +440,11 @@ std::shared_ptr<const Handover> Trainer::Parts::handover() const {
   if (state.scaler.enabled()) h->scaler = state.scaler.state().clone();
   h->rng = rng_mark.defined() ? rng_mark.clone() : cpu_rng_state();
   h->step_cursor = step_cursor;
+  // The step's line: built already (its collectives may have failed, or
+  // rank 0 may have died before writing it), or due and not built yet (a
+  // collective before it failed: data.balance's measurement, say).
   if (last_line && last_line->step == state.step) h->train_line = last_line;
+  else if (state.step > world_start_step && line_due()) h->train_line = train_line(step_cursor.epoch);
   h->interval = interval.tally;
   h->first_step = start_step;
   h->started = start;
@@ -534,7 +541,7 @@ void Trainer::Parts::begin() {
                            "train.epochs)", static_cast<long long>(state.step), static_cast<long long>(total_steps)));
   }
   start = interval.start = Clock::now();
-  start_step = state.step;
+  start_step = world_start_step = state.step;
   if (run.from_peers && run.handover) {  // the summary and ETA count every world of this process
     start = run.handover->started;
     start_step = run.handover->first_step;
@@ -579,11 +586,11 @@ void Trainer::Parts::finish_step(const StepBatch& batch, const StepResult& resul
 // step (warm-up) is not measured.
 void Trainer::Parts::rebalance(const StepResult& result) {
   if (balancer->mode() != Balance::kAuto || world.world_size < 2) return;
-  if (state.step > start_step + 1) {
+  if (state.step > world_start_step + 1) {
     window_samples += static_cast<double>(result.samples);
     window_compute_s += result.compute_s;
   }
-  if ((state.step - start_step) % cfg.data.balance_every != 0 || state.step == total_steps) return;
+  if ((state.step - world_start_step) % cfg.data.balance_every != 0 || state.step == total_steps) return;
   std::vector<double> mine(2 * static_cast<size_t>(world.world_size), 0.0);
   mine[static_cast<size_t>(world.rank)] = window_samples;
   mine[static_cast<size_t>(world.world_size + world.rank)] = window_compute_s;
@@ -603,6 +610,19 @@ void Trainer::Parts::rebalance(const StepResult& result) {
 // (train_step), so the line is known to every rank before its collectives:
 // a world that fails in them hands it to the next (complete_records).
 void Trainer::Parts::log_train(int64_t epoch) {
+  TrainReport r = train_line(epoch);
+  last_line = r;
+  comm.agree({state.step, state.cursor.epoch, state.cursor.consumed}, {"step", "epoch", "cursor"}, "the step check");
+  report_phases(comm, interval.phases, r);
+  if (run.at) run.at(StepPoint::kLine, state.step);
+  reporter->train(r);
+  interval = Interval();
+  interval.tally = task->empty_tally();
+}
+
+// The train line of the interval that ends at this step, but for the
+// per-phase times (a collective).
+TrainReport Trainer::Parts::train_line(int64_t epoch) const {
   TrainReport r;
   r.step = state.step;
   r.total_steps = total_steps;
@@ -614,13 +634,7 @@ void Trainer::Parts::log_train(int64_t epoch) {
   r.eta_s = eta();
   r.metrics = task->report(interval.tally);
   if (balancer->mode() != Balance::kEqual) r.balance = balancer->shares();
-  last_line = r;
-  comm.agree({state.step, state.cursor.epoch, state.cursor.consumed}, {"step", "epoch", "cursor"}, "the step check");
-  report_phases(comm, interval.phases, r);
-  if (run.at) run.at(StepPoint::kLine, state.step);
-  reporter->train(r);
-  interval = Interval();
-  interval.tally = task->empty_tally();
+  return r;
 }
 
 void Trainer::Parts::run_eval() {
@@ -692,13 +706,14 @@ void Trainer::Parts::save_checkpoint() {
   last_ckpt_step = state.step;
   auto t0 = Clock::now();
   TrainState::Snapshot snapshot = state.capture(comm, task->train_set().size());
-  if (world.is_main()) {
+  // Every rank fails with rank 0's write error (a full disk: exit 1, the
+  // file named), instead of waiting in a barrier for a rank that is gone.
+  on_main_then_agree(comm, "checkpoint write", [&] {
     std::string dir = checkpoints->write(snapshot.state, module_tensors(*task->module()), *optimizer, snapshot.rng,
                                          run.config_toml);
     reporter->message(strf("ckpt  step %lld  %s  (%s)", static_cast<long long>(state.step), dir.c_str(),
                            format_duration(seconds_since(t0)).c_str()));
-  }
-  comm.barrier("checkpoint write");
+  });
 }
 
 RunSummary Trainer::Parts::end() {
@@ -724,7 +739,7 @@ RunSummary Trainer::run() {
     p.finish_step(batch, result);
     p.rebalance(result);
     bool last = p.state.step == p.total_steps;
-    if (p.due(p.cfg.log.every_steps) || last) p.log_train(batch.cursor.epoch);
+    if (p.line_due()) p.log_train(batch.cursor.epoch);
     if (p.eval_due(batch)) p.run_eval();
     bool stop = p.stop_agreed();
     if (p.due(p.cfg.ckpt.every_steps) || last || stop) p.save_checkpoint();
