@@ -41,9 +41,12 @@ RunOptions plan_training(const TrainRequest& request, ConfigBinding& binding, Co
     if (fs::exists(fs::path(run.out_dir) / "checkpoints" / "latest")) resume_path = run.out_dir;
     else if (resume_path.empty()) run.overwrite = true;
   }
-  // Another live job's directory is refused before its checkpoints are read
-  // (they may be pruned under a resume) or any work starts.
-  if (!run.out_dir.empty() && fs::is_directory(run.out_dir)) RunDir(run.out_dir).refuse_if_held(run.job_id);
+  // A worker of a job (it knows its job id) refuses another live job's
+  // directory before its checkpoints are read (they may be pruned under a
+  // resume). Not a launcher or a lone process, which learns its job id
+  // later: a launcher may be joining the job that holds the lock; rank 0's
+  // lock() decides for them.
+  if (!run.job_id.empty() && fs::is_directory(run.out_dir)) RunDir(run.out_dir).refuse_if_held(run.job_id);
   if (!resume_path.empty()) run.resume = resolve_checkpoint(resume_path, run.notes);
   COHORT_CHECK(!run.out_dir.empty(), UsageError, "--out RUN_DIR is required (or --resume RUN_DIR)");
   COHORT_CHECK(!fs::exists(run.out_dir) || fs::is_directory(run.out_dir), UsageError, "--out ", run.out_dir,

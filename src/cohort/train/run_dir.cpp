@@ -349,7 +349,7 @@ struct RunDirLock::Renewer {
 void RunDir::refuse_if_held(const std::string& job_id) const {
   const std::string lock = (fs::path(path_) / ".lock").string();
   auto holder = read_holder(lock);
-  if (!holder || (!job_id.empty() && holder->job == job_id)) return;
+  if (!holder || job_id.empty() || holder->job == job_id) return;
   RunDirLock::Holder me;
   me.host = this_host();
   me.boot_id = this_boot_id();

@@ -62,8 +62,8 @@ class RunDir {
   std::unique_ptr<RunDirLock> lock(const std::string& job_id, double lease_s, RunMode mode,
                                    std::vector<std::string>& notes) const;
   // Refuses (UsageError) a directory that a live job other than `job_id`
-  // holds, reading only: before a resume reads its checkpoints or any work
-  // starts. lock() still decides, later.
+  // (not empty) holds, reading only: before a resume reads its checkpoints.
+  // lock() still decides, later.
   void refuse_if_held(const std::string& job_id) const;
 
  private:
