@@ -608,7 +608,7 @@ void Trainer::Parts::rebalance(const StepResult& result) {
 
 // The interval's metrics were summed over the ranks step by step
 // (train_step), so the line is known to every rank before its collectives:
-// a world that fails in them hands it to the next (complete_records).
+// a world that fails in them hands it to the next (open_outputs writes it).
 void Trainer::Parts::log_train(int64_t epoch) {
   TrainReport r = train_line(epoch);
   last_line = r;
