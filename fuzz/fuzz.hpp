@@ -27,6 +27,9 @@ int hdf5_shard(const uint8_t* data, size_t size);
 class FuzzFile {
  public:
   FuzzFile(const std::string& target, const std::string& name, const uint8_t* data, size_t size);
+  ~FuzzFile();  // removes its directory: a replay leaves nothing in /dev/shm
+  FuzzFile(const FuzzFile&) = delete;
+  FuzzFile& operator=(const FuzzFile&) = delete;
   const std::string& path() const { return path_; }
   const std::string& dir() const { return dir_; }
 

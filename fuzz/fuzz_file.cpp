@@ -18,4 +18,9 @@ FuzzFile::FuzzFile(const std::string& target, const std::string& name, const uin
                                                                   static_cast<std::streamsize>(size));
 }
 
+FuzzFile::~FuzzFile() {
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
 }  // namespace cohort::fuzz

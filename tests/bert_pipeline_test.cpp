@@ -193,6 +193,9 @@ TEST(BertPipeline, PrepareTrainEvalExport) {
   EXPECT_EQ(cfg["hidden_size"], 32);
   EXPECT_EQ(cfg["num_hidden_layers"], 1);
   EXPECT_TRUE(std::filesystem::exists(tmp / "export/vocab.txt"));
+  EXPECT_EQ(cfg["architectures"][0], "BertForPreTraining");
+  EXPECT_TRUE(std::filesystem::exists(tmp / "export/tokenizer_config.json"));
+  EXPECT_TRUE(std::filesystem::exists(tmp / "export/special_tokens_map.json"));
 
   // A model that cannot hold the data is refused before the first step.
   auto small_vocab = test::run_cohort("train" + common +

@@ -176,8 +176,9 @@ TEST(BertClassify, FineTunesFromAPretrainingCheckpointWithMetricsIdenticalAtAnyW
                         " --data.global-batch 16 --train.max-steps 2 --eval.split valid --out " + tmp / "pre");
   ASSERT_EQ(pre.code, 0) << pre.err;
   write_animal_tsvs(tmp, tmp / "animals");
+  // No data.vocab: the vocabulary comes from the pretraining run's tokenizer/.
   const std::string classify = "train --train.task bert-classify" + shape + " --data.path " + tmp / "animals" +
-                               " --data.vocab " + tmp / "data/vocab.txt" + " --data.text-column sentence"
+                               " --data.text-column sentence"
                                " --data.label-column animal --data.max-seq-length 32 --data.global-batch 24 --optim.lr 0.002"
                                " --eval.split valid --eval.every-steps 10 --ckpt.best-metric macro_f1";
   auto fine = run_cohort(classify + " --train.max-steps 30 --model.init " + tmp / "pre --out " + tmp / "fine");
@@ -245,13 +246,69 @@ TEST(BertClassify, FineTunesFromAPretrainingCheckpointWithMetricsIdenticalAtAnyW
   EXPECT_TRUE(predictions[0][0].contains("true_label"));
 
   // cohort eval prints the confusion matrix; cohort predict writes a line per input.
-  auto eval = run_cohort("eval " + tmp / "fine --split test");
+  // cohort eval's line goes to TensorBoard too (a file of its own beside the
+  // run's), and --plot draws the confusion matrix as a heatmap.
+  auto event_files = [&] {
+    size_t n = 0;
+    for (const auto& e : std::filesystem::directory_iterator(tmp / "fine/tensorboard")) n += e.is_regular_file();
+    return n;
+  };
+  const size_t events_before = event_files();
+  auto eval = run_cohort("eval " + tmp / "fine --split test --plot");
   ASSERT_EQ(eval.code, 0) << eval.err;
   EXPECT_NE(eval.out.find("confusion matrix (rows: true label"), std::string::npos) << eval.out;
+  EXPECT_EQ(event_files(), events_before + 1);
+  if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
+    EXPECT_TRUE(std::filesystem::exists(tmp / "fine/confusion-test-step-30.png")) << eval.out;
+    EXPECT_NE(read_file(tmp / "fine/.plot/confusion.gp").find("with image"), std::string::npos);
+  }
   write_file(tmp / "inputs.jsonl", "{\"sentence\": \"the cat sat\"}\n{\"sentence\": \"a dog ran to the park\"}\n");
   auto predict = run_cohort("predict " + tmp / "fine --input " + tmp / "inputs.jsonl --out " + tmp / "p.jsonl");
   ASSERT_EQ(predict.code, 0) << predict.err;
   auto lines = cohort::test::lines_of(read_file(tmp / "p.jsonl"));
   ASSERT_EQ(lines.size(), 2u);
   EXPECT_FALSE(nlohmann::json::parse(lines[0]).contains("true_label"));
+  EXPECT_EQ(nlohmann::json::parse(lines[1])["text"], "a dog ran to the park") << lines[1];
+
+  // Inputs whose columns are named otherwise: the error names the flag, and
+  // the flag works; an id column goes beside each prediction instead of the text.
+  write_file(tmp / "renamed.jsonl", "{\"words\": \"the cat sat\", \"key\": \"a1\"}\n");
+  auto missing = run_cohort("predict " + tmp / "fine --input " + tmp / "renamed.jsonl --out " + tmp / "q.jsonl");
+  EXPECT_EQ(missing.code, 1) << missing.err;
+  EXPECT_NE(missing.err.find("no field 'sentence'; set data.text-column"), std::string::npos) << missing.err;
+  auto renamed = run_cohort("predict " + tmp / "fine --input " + tmp / "renamed.jsonl --data.text-column words"
+                            " --data.id-column key --out " + tmp / "q.jsonl");
+  ASSERT_EQ(renamed.code, 0) << renamed.err;
+  auto line = nlohmann::json::parse(cohort::test::lines_of(read_file(tmp / "q.jsonl")).at(0));
+  EXPECT_EQ(line["id"], "a1") << line;
+  EXPECT_FALSE(line.contains("text")) << line;
+  EXPECT_EQ(line["label"], nlohmann::json::parse(lines[0])["label"]) << "the same text, the same label";
+
+  // The classifier exports as BertForSequenceClassification, with the run's
+  // labels and the tokenizer it trained with.
+  auto exported = run_cohort("export " + tmp / "fine");
+  ASSERT_EQ(exported.code, 0) << exported.err;
+  EXPECT_NE(exported.out.find("BertForSequenceClassification.from_pretrained"), std::string::npos) << exported.out;
+  auto config = nlohmann::json::parse(read_file(tmp / "fine/export/config.json"));
+  EXPECT_EQ(config["architectures"][0], "BertForSequenceClassification");
+  EXPECT_EQ(config["num_labels"], 3);
+  EXPECT_EQ(config["id2label"], nlohmann::json::parse(R"({"0": "cat", "1": "dog", "2": "none"})"));
+  EXPECT_EQ(config["label2id"], nlohmann::json::parse(R"({"cat": 0, "dog": 1, "none": 2})"));
+  EXPECT_EQ(read_file(tmp / "fine/export/vocab.txt"), read_file(tmp / "data/vocab.txt"));
+  auto tokenizer = nlohmann::json::parse(read_file(tmp / "fine/export/tokenizer_config.json"));
+  EXPECT_EQ(tokenizer["do_lower_case"], true);
+  EXPECT_EQ(tokenizer["model_max_length"], 64);
+  EXPECT_TRUE(std::filesystem::exists(tmp / "fine/export/special_tokens_map.json"));
+  // The plot draws per-class F1 as one sorted bar chart, not a line per class.
+  if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
+    auto plot = run_cohort("plot " + tmp / "fine");
+    ASSERT_EQ(plot.code, 0) << plot.err;
+    std::string script = read_file(tmp / "fine/.plot/plot.gp");
+    EXPECT_NE(script.find("set title 'per-class F1 at step 30 (valid, 3 classes, best first)'"), std::string::npos) << script;
+    EXPECT_NE(script.find("with boxes"), std::string::npos) << script;
+    EXPECT_NE(script.find("set title 'macro F1'"), std::string::npos) << script;
+  }
+  auto weights = load_safetensors(tmp / "fine/export/model.safetensors");
+  EXPECT_EQ(weights.tensors.count("classifier.weight"), 1u);
+  EXPECT_EQ(weights.tensors.count("cls.predictions.bias"), 0u);
 }

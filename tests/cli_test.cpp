@@ -1,6 +1,9 @@
 // End-to-end checks of the `cohort` binary: exit codes and the one-line
 // error contract.
 #include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <zlib.h>
 
 #include <CLI/CLI.hpp>
@@ -108,6 +111,28 @@ TEST(Cli, TrainsOnATinyDatasetAndResolvesTheConfig) {
   expect_one_error_line(run_cohort("train --config " + (tmp / "run/config.toml") + " --out " + (tmp / "run")), 2,
                         "already holds a run");
   EXPECT_EQ(cohort::test::read_file(tmp / "run/config.toml"), resolved);
+
+  // An image model exports its weights and a description, and says that no
+  // Hugging Face class loads it.
+  Result exp = run_cohort("export " + (tmp / "run"));
+  ASSERT_EQ(exp.code, 0) << exp.err;
+  EXPECT_NE(exp.err.find("no Hugging Face class exists for Cohort's 'mlp' image model"), std::string::npos) << exp.err;
+  auto described = nlohmann::json::parse(cohort::test::read_file(tmp / "run/export/config.json"));
+  EXPECT_EQ(described["cohort_model"], "mlp");
+  EXPECT_FALSE(described["tensors"].empty());
+  EXPECT_TRUE(std::filesystem::exists(tmp / "run/export/model.safetensors"));
+  expect_one_error_line(run_cohort("export " + (tmp / "run") + " --out " + (tmp / "c.toml")), 2, "is a file");
+}
+
+// Every example config the README points to loads and validates.
+TEST(Cli, EveryExampleConfigLoads) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(std::string(COHORT_SOURCE_DIR) + "/examples")) {
+    if (e.path().extension() != ".toml") continue;
+    EXPECT_NO_THROW(cohort::load_config(e.path().string())) << e.path();
+    ++n;
+  }
+  EXPECT_GE(n, 8);
 }
 
 TEST(Cli, ReadmeDocumentsEveryKey) {
@@ -125,4 +150,65 @@ TEST(Cli, UnknownCommandLineKeyGetsTheNearestKey) {
   Result r = run_cohort("train --optim.lrr 3 --out /tmp/never");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("(did you mean '--optim.lr'?)"), std::string::npos) << r.err;
+}
+
+// The flags torchrun and Hugging Face Trainer users type get Cohort's
+// spelling, and the message names the option, not its value first.
+TEST(Cli, ForeignSpellingsGetCohortsFlag) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"train --nproc_per_node 2", "--nproc-per-node"},
+      {"train --node_rank 1", "--node-rank"},
+      {"train --master-addr 10.0.0.1", "--init-method tcp://HOST:PORT"},
+      {"train --master_port 29500", "--init-method tcp://HOST:PORT"},
+      {"train --seed 3", "--train.seed"},
+      {"train --max-steps 3", "--train.max-steps"},
+      {"train --max_steps 3", "--train.max-steps"},
+      {"train --bf16", "--train.precision bf16"},
+      {"train --output_dir x", "--out"},
+      {"train --learning_rate 1e-4", "--optim.lr"},
+      {"train --resume_from_checkpoint x", "--resume"},
+      {"train --optimizer.lr 0.1", "--optim.lr"},
+      {"plot --output_dir x RUN", "--out"},
+  };
+  for (const auto& [args, want] : cases) {
+    Result r = run_cohort(args);
+    EXPECT_EQ(r.code, 2) << args;
+    const std::string flag = args.substr(args.find(' ') + 1, args.find(' ', args.find(' ') + 1) - args.find(' ') - 1);
+    EXPECT_NE(r.err.find("unknown option '" + flag + "'"), std::string::npos) << args << ": " << r.err;
+    EXPECT_NE(r.err.find("(did you mean '" + want + "'?)"), std::string::npos) << args << ": " << r.err;
+    const std::string sub = args.substr(0, args.find(' '));
+    EXPECT_NE(r.err.find("(see 'cohort " + sub + " --help')"), std::string::npos) << args << ": " << r.err;
+  }
+  // In a config file: a section by another tool's name.
+  TempDir tmp;
+  write_file(tmp / "c.toml", "[optimizer]\nlr = 0.1\n");
+  Result file = run_cohort("train --config " + (tmp / "c.toml") + " --out " + (tmp / "run"));
+  EXPECT_EQ(file.code, 2);
+  EXPECT_NE(file.err.find("(did you mean 'optim.lr'?)"), std::string::npos) << file.err;
+  // A value of the wrong type names the type.
+  Result type = run_cohort("train --data.global-batch 64.5 --out " + (tmp / "run"));
+  EXPECT_NE(type.err.find("--data.global-batch: must be an integer (got '64.5')"), std::string::npos) << type.err;
+}
+
+// train.early-stop-patience: with a learning rate too small to change any
+// weight, accuracy never improves on its first evaluation (step 2), so the
+// run stops after two more (step 6) and says why; the best checkpoint stays.
+TEST(Cli, EarlyStopEndsTheRunAfterPatienceEvaluationsWithoutImprovement) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp);
+  const std::string base = "train --model.name mlp --data.global-batch 4 --train.max-steps 100 --eval.every-steps 2"
+                           " --optim.lr 1e-30 --optim.weight-decay 0 --data.path " + tmp.path();
+  Result r = run_cohort(base + " --ckpt.best-metric accuracy --train.early-stop-patience 2 --out " + (tmp / "run"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("early stop: accuracy did not improve for 2 evaluations (best "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("at step 2) at step 6"), std::string::npos) << r.out;
+  int64_t last = 0;
+  for (const auto& line : cohort::test::lines_of(cohort::test::read_file(tmp / "run/metrics.jsonl"))) {
+    auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "train") last = j["step"];
+  }
+  EXPECT_EQ(last, 6);
+  EXPECT_EQ(nlohmann::json::parse(cohort::test::read_file(tmp / "run/checkpoints/best.json"))["step"], 2);
+  expect_one_error_line(run_cohort(base + " --train.early-stop-patience 2 --out " + (tmp / "no")), 2,
+                        "train.early-stop-patience needs ckpt.best-metric");
 }

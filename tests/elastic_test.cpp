@@ -24,14 +24,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-bool wait_for(const std::function<bool()>& done, std::chrono::seconds limit) {
-  auto end = Clock::now() + limit;
-  while (Clock::now() < end) {
-    if (done()) return true;
-    std::this_thread::sleep_for(50ms);
-  }
-  return false;
-}
+using cohort::test::wait_until;
 
 std::vector<nlohmann::json> lines_of_kind(const std::string& metrics, const std::string& kind) {
   std::vector<nlohmann::json> out;
@@ -127,7 +120,7 @@ TEST(Elastic, HostKilledMidEpochTheOthersFinishFromMemory) {
   Background h0(launcher(net, 0, args), tmp, "h0"), h1(launcher(net, 1, args), tmp, "h1"),
       h2(launcher(net, 2, args), tmp, "h2");
   const std::string metrics = tmp / "run/metrics.jsonl";
-  ASSERT_TRUE(wait_for([&] { return reached_step(metrics, 10); }, 90s)) << h0.err() << h2.err();
+  ASSERT_TRUE(wait_until([&] { return reached_step(metrics, 10); }, 90s)) << h0.err() << h2.err();
   kill(h2.pid(), SIGKILL);
   h2.wait(10s);
   ASSERT_EQ(h0.wait(120s), 0) << h0.err();
@@ -181,10 +174,10 @@ TEST(Elastic, HostJoinsMidRunAndTheWorldGrowsBack) {
   Background h0(launcher(net, 0, args), tmp, "h0"), h1(launcher(net, 1, args), tmp, "h1");
   auto h2 = std::make_unique<Background>(launcher(net, 2, args), tmp, "h2");
   const std::string metrics = tmp / "run/metrics.jsonl";
-  ASSERT_TRUE(wait_for([&] { return reached_step(metrics, 10); }, 90s)) << h0.err();
+  ASSERT_TRUE(wait_until([&] { return reached_step(metrics, 10); }, 90s)) << h0.err();
   kill(h2->pid(), SIGKILL);
   h2->wait(10s);
-  ASSERT_TRUE(wait_for([&] { return !lines_of_kind(metrics, "membership").empty(); }, 60s))
+  ASSERT_TRUE(wait_until([&] { return !lines_of_kind(metrics, "membership").empty(); }, 60s))
       << "node 0:\n" << h0.err() << "node 1:\n" << h1.err();
   Background again(launcher(net, 2, args), tmp, "h2-again");
   ASSERT_EQ(h0.wait(180s), 0) << h0.err();
@@ -213,7 +206,7 @@ TEST(Elastic, StalledRankIsLeftBehind) {
   auto start = [&](int node) { return loopback_node(tmp, args, node); };
   auto n0 = start(0), n1 = start(1), n2 = start(2);
   const std::string metrics = tmp / "run/metrics.jsonl";
-  ASSERT_TRUE(wait_for([&] { return reached_step(metrics, 10); }, 90s)) << n0->err();
+  ASSERT_TRUE(wait_until([&] { return reached_step(metrics, 10); }, 90s)) << n0->err();
   pid_t worker = only_child(n2->pid());  // node 2's worker
   ASSERT_GT(worker, 0);
   // A peer's death must fail a collective, not kill the rank writing to it:
@@ -243,7 +236,7 @@ TEST(Elastic, FewerThanMinNodesFallsBackToTheLauncher) {
       port, tmp.path().c_str(), (tmp / "run").c_str());
   Background n0(std::string("env COHORT_DEBUG_DELAY=0:60 ") + COHORT_BIN + args + " --node-rank 0", tmp, "n0");
   Background n1(std::string("env COHORT_DEBUG_DELAY=0:60 ") + COHORT_BIN + args + " --node-rank 1", tmp, "n1");
-  ASSERT_TRUE(wait_for([&] { return reached_step(tmp / "run/metrics.jsonl", 5); }, 90s)) << n0.err();
+  ASSERT_TRUE(wait_until([&] { return reached_step(tmp / "run/metrics.jsonl", 5); }, 90s)) << n0.err();
   kill(n1.pid(), SIGKILL);
   auto t0 = Clock::now();
   EXPECT_EQ(n0.wait(60s), 1) << n0.err();
@@ -281,7 +274,7 @@ TEST(Elastic, MultiRankNodeIsLostAsAWhole) {
   Background n0(std::string("env COHORT_DEBUG_DELAY=0:60 ") + COHORT_BIN + args + " --node-rank 0", tmp, "n0");
   Background n1(std::string("env COHORT_DEBUG_DELAY=0:60 ") + COHORT_BIN + args + " --node-rank 1", tmp, "n1");
   const std::string metrics = tmp / "run/metrics.jsonl";
-  ASSERT_TRUE(wait_for([&] { return reached_step(metrics, 10); }, 90s)) << n0.err();
+  ASSERT_TRUE(wait_until([&] { return reached_step(metrics, 10); }, 90s)) << n0.err();
   kill(n1.pid(), SIGKILL);
   ASSERT_EQ(n0.wait(120s), 0) << n0.err();
   auto changes = lines_of_kind(metrics, "membership");
@@ -309,7 +302,7 @@ TEST(Elastic, NewcomersTheJobCannotTakeAreKeptOut) {
   };
   auto n0 = node(0, "", "n0"), n1 = node(1, "", "n1");
   const std::string metrics = tmp / "run/metrics.jsonl";
-  ASSERT_TRUE(wait_for([&] { return reached_step(metrics, 5); }, 90s)) << n0->err();
+  ASSERT_TRUE(wait_until([&] { return reached_step(metrics, 5); }, 90s)) << n0->err();
   auto other_config = run_cohort(args + " --optim.lr 0.5 --node-rank 1");
   EXPECT_EQ(other_config.code, 2) << other_config.err;
   EXPECT_NE(other_config.err.find("another shared config"), std::string::npos) << other_config.err;
@@ -334,7 +327,7 @@ TEST(Elastic, NodeZerosRankIsLostAndItsStoreStays) {
   auto start = [&](int node) { return loopback_node(tmp, args, node); };
   auto n0 = start(0), n1 = start(1), n2 = start(2);
   const std::string metrics = tmp / "run/metrics.jsonl";
-  ASSERT_TRUE(wait_for([&] { return reached_step(metrics, 10); }, 90s)) << n0->err();
+  ASSERT_TRUE(wait_until([&] { return reached_step(metrics, 10); }, 90s)) << n0->err();
   pid_t worker = only_child(n0->pid());  // node 0's worker
   ASSERT_GT(worker, 0);
   kill(worker, SIGKILL);

@@ -32,26 +32,16 @@ std::string tiny_args(const TempDir& tmp, const std::string& out) {
          (out.empty() ? "" : " --out " + (tmp / out));
 }
 
-bool wait_for(const std::function<bool()>& done, std::chrono::seconds limit) {
-  for (auto end = Clock::now() + limit; Clock::now() < end; std::this_thread::sleep_for(20ms)) {
-    if (done()) return true;
-  }
-  return false;
-}
+using cohort::test::wait_until;
 
 // Waits until `file` holds `text`, or `limit` passes.
 bool wait_for_text(const std::string& file, const std::string& text, std::chrono::seconds limit) {
-  auto end = Clock::now() + limit;
-  while (Clock::now() < end) {
-    if (read_file(file).find(text) != std::string::npos) return true;
-    std::this_thread::sleep_for(50ms);
-  }
-  return false;
+  return wait_until([&] { return read_file(file).find(text) != std::string::npos; }, limit);
 }
 
 // Waits until something accepts connections on 127.0.0.1:`port`.
 bool wait_for_listen(int port, std::chrono::seconds limit) {
-  return wait_for([port] { return cohort::test::listening(port); }, limit);
+  return wait_until([port] { return cohort::test::listening(port); }, limit);
 }
 
 size_t count_of(const std::string& text, const std::string& what) {
@@ -74,7 +64,7 @@ TEST(Fault, StopSignalEndsTheRendezvousAtOnce) {
     Background lone(env + "RANK=" + std::to_string(rank) + " " + COHORT_BIN + args, tmp, "r" + std::to_string(rank));
     // Into the rendezvous: its stop handlers are installed just before it
     // (the process catches the signal), and rank 0 then hosts the store.
-    ASSERT_TRUE(wait_for([&] { return cohort::test::catches(lone.pid(), sig); }, 120s)) << lone.err();
+    ASSERT_TRUE(wait_until([&] { return cohort::test::catches(lone.pid(), sig); }, 120s)) << lone.err();
     if (rank == 0) ASSERT_TRUE(wait_for_listen(port, 60s)) << lone.err();
     auto t0 = Clock::now();
     kill(lone.pid(), sig);

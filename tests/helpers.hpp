@@ -168,6 +168,18 @@ inline Config small_mlp_run() {
 
 namespace cohort::test {
 
+// Waits (polling) until `ready` holds: the event a test waits for (a line,
+// a file, a checkpoint). False after `limit`, which is a cap for a broken
+// build, not a guess at how fast the machine is.
+inline bool wait_until(const std::function<bool()>& ready, std::chrono::seconds limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (ready()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return ready();
+}
+
 // Runs fn(rank) for rank 0..n-1 on n threads and rethrows the first failure
 // (by rank order), after every thread has finished.
 template <class Fn>

@@ -187,6 +187,17 @@ TEST(Plot, DrawsAPngOfARealRun) {
   std::string png = read_file(tmp / "run/plots.png");
   ASSERT_GT(png.size(), 10000u);
   EXPECT_EQ(png.substr(1, 3), "PNG");
+  // Labelled axes, a panel per quantity, throughput in the run's own units,
+  // the whole learning-rate schedule (warm-up included) from step 0.
+  std::string script = read_file(tmp / "run/.plot/plot.gp");
+  for (const char* want : {"set ylabel 'loss (cross-entropy)'", "set title 'accuracy'", "set ylabel 'images/s'",
+                           "title 'schedule'", "set xrange [0:16]", "set key below"}) {
+    EXPECT_NE(script.find(want), std::string::npos) << want << " in\n" << script;
+  }
+  EXPECT_EQ(script.find("units/s"), std::string::npos) << script;
+  auto other = run_cohort("plot " + (tmp / "run") + " --out " + (tmp / "other.png"));
+  ASSERT_EQ(other.code, 0) << other.err;
+  EXPECT_TRUE(std::filesystem::exists(tmp / "other.png"));
   auto missing = run_cohort("plot " + (tmp / "nope"));
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.err.find("metrics.jsonl"), std::string::npos) << missing.err;

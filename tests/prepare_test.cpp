@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/core/error.hpp"
+#include "cohort/data/bert_shards.hpp"
 #include "cohort/text/instances.hpp"
 #include "cohort/text/prepare.hpp"
 #include "helpers.hpp"
@@ -568,6 +569,19 @@ TEST(PreparePipeline, WritesVocabShardsAndManifest) {
       EXPECT_TRUE(std::filesystem::exists(tmp / name)) << name;
     }
   }
+  // `tokens` counts the real tokens of the rows (what training sees), and
+  // `text_tokens` those of the documents.
+  int64_t in_rows = 0;
+  for (const char* split : {"train", "valid", "test"}) {
+    cohort::BertShards shards(tmp / "out", split, {});
+    std::vector<int64_t> all(static_cast<size_t>(shards.size()));
+    for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+    const int64_t n = shards.get_batch(all).at("input_mask").sum().item<int64_t>();
+    EXPECT_EQ(m["splits"][split]["tokens"], n) << split;
+    in_rows += n;
+  }
+  EXPECT_EQ(m["tokens"], in_rows);
+  EXPECT_GT(m["text_tokens"].get<int64_t>(), 0);
 
   // Not over an earlier run, unless asked.
   std::string err = error_of([&] { run_prepare(o); });

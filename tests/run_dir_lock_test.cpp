@@ -29,15 +29,9 @@ namespace {
 const std::string kTiny = " --model.name mlp --model.hidden 16 --optim.schedule constant --log.tensorboard=false "
                           "--log.every-steps 1 --eval.every-steps 1000000 --eval.max-samples 8 ";
 
-// Waits (polling) until `ready` holds; false after `limit`, a cap for a
-// broken build, not a guess at how fast the machine is.
+// A cap for a broken build, not a guess at how fast the machine is.
 bool wait_until(const std::function<bool()>& ready, std::chrono::seconds limit = 180s) {
-  auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (ready()) return true;
-    std::this_thread::sleep_for(50ms);
-  }
-  return false;
+  return cohort::test::wait_until(ready, limit);
 }
 
 nlohmann::json lock_of(const std::string& run) {

@@ -7,11 +7,14 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -33,6 +36,7 @@
 #include "cohort/text/wordnet.hpp"
 #include "cohort/train/elastic.hpp"
 #include "cohort/train/evaluate.hpp"
+#include "cohort/train/optim.hpp"
 #include "cohort/train/run.hpp"
 #include "cohort/train/run_dir.hpp"
 #include "cohort/train/runtime.hpp"
@@ -101,6 +105,45 @@ CLI::Validator at_least(long long least) {
       "", "");
 }
 
+// The first argument that looks like an option and is not one of `sub`'s
+// ("--name" without its value), or "".
+std::string unknown_option(const CLI::App& sub, int argc, char** argv) {
+  for (int i = 2; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") break;
+    if (arg.size() < 2 || arg[0] != '-' || std::isdigit(static_cast<unsigned char>(arg[1])) || arg[1] == '.') continue;
+    std::string name = arg.substr(0, arg.find('='));
+    if (sub.get_option_no_throw(name) == nullptr) return name;
+  }
+  return "";
+}
+
+// What a user of torchrun, Hugging Face Trainer or DeepSpeed meant by
+// `option`, in Cohort's spelling; "" when nothing is near.
+std::string option_hint(const CLI::App& sub, const std::string& option) {
+  std::string name = option.substr(option.find_first_not_of('-'));
+  std::string dashed = name;
+  std::replace(dashed.begin(), dashed.end(), '_', '-');
+  static const std::map<std::string, std::string> foreign = {
+      {"master-addr", "--init-method tcp://HOST:PORT"}, {"master-port", "--init-method tcp://HOST:PORT"},
+      {"rdzv-endpoint", "--init-method tcp://HOST:PORT"}, {"dist-url", "--init-method tcp://HOST:PORT"},
+      {"output-dir", "--out"},          {"output", "--out"},
+      {"resume-from-checkpoint", "--resume"}, {"bf16", "--train.precision bf16"},
+      {"fp16", "--train.precision fp16"}, {"fp32", "--train.precision fp32"},
+      {"nproc", "--nproc-per-node"},    {"gpus", "--nproc-per-node"},
+      {"world-size", "--distributed-world-size"}, {"local-rank", "--node-rank (ranks are numbered for you)"},
+      {"overwrite-output-dir", "--overwrite"}, {"config-file", "--config"},
+  };
+  if (auto it = foreign.find(dashed); it != foreign.end()) {
+    const std::string flag = it->second.substr(0, it->second.find(' '));
+    if (sub.get_option_no_throw(flag) != nullptr) return it->second;
+  }
+  if (sub.get_option_no_throw("--" + dashed) != nullptr) return "--" + dashed;
+  if (sub.get_name() != "train") return "";
+  if (std::string key = closest_key(name); !key.empty()) return "--" + key;
+  return "";
+}
+
 }  // namespace
 
 void configure_process(const TrainOptions& opts, const World& world) {
@@ -152,11 +195,12 @@ int cli_main(int argc, char** argv) {
   CLI::App* plot = app.add_subcommand("plot", "Draw RUN_DIR/metrics.jsonl as a PNG (loss, lr, throughput, eval)");
   std::string plot_dir, plot_out;
   plot->add_option("RUN_DIR", plot_dir, "run directory")->required();
-  plot->add_option("--output,-o", plot_out, "PNG to write (default RUN_DIR/plots.png)");
+  plot->add_option("--out,-o,--output", plot_out, "PNG to write (default RUN_DIR/plots.png)");
 
   CLI::App* exporter = app.add_subcommand(
-      "export", "Write a checkpoint's weights as a standalone model directory: model.safetensors "
-                "(Hugging Face names), config.json and vocab.txt for BERT");
+      "export", "Write a checkpoint as a standalone model directory: model.safetensors (Hugging Face names), "
+                "config.json and, for BERT, the run's tokenizer; bert-pretrain loads as BertForPreTraining, "
+                "bert-classify as BertForSequenceClassification");
   std::string export_path, export_out;
   exporter->add_option("CHECKPOINT", export_path, "a run dir (its newest checkpoint) or a checkpoint dir")->required();
   exporter->add_option("--out,-o", export_out, "directory to write (default RUN_DIR/export)");
@@ -170,10 +214,14 @@ int cli_main(int argc, char** argv) {
   evaluator->add_option("--split", eval_request.split, "split to evaluate")->capture_default_str();
   evaluator->add_option("--max-samples", eval_request.max_samples, "the first N samples only; 0 = all")
       ->capture_default_str()->check(at_least(0));
+  bool eval_plot = false;
+  evaluator->add_flag("--plot", eval_plot,
+                      "also draw the confusion matrix (bert-classify) as RUN_DIR/confusion-SPLIT-step-N.png");
 
   CLI::App* predictor = app.add_subcommand(
       "predict", "Predict the classes of the inputs in a TSV or JSONL file (bert-classify) with a checkpoint; "
-                 "writes one JSON line per input, in input order");
+                 "writes one JSON line per input, in input order: its index and text (or --data.id-column), "
+                 "the label, its probability and every class's");
   EvalRequest predict_request;
   std::string predict_input, predict_out;
   int64_t predict_batch = 0;
@@ -183,6 +231,15 @@ int cli_main(int argc, char** argv) {
   predictor->add_option("--out,-o", predict_out, "JSONL to write (default RUN_DIR/predictions.jsonl)");
   predictor->add_option("--batch", predict_batch, "inputs per forward; 0 = the run's eval.batch")
       ->capture_default_str()->check(at_least(0));
+  // The input's columns, when they are not named as in the run's data.
+  std::map<std::string, std::string> predict_columns;
+  for (const char* key : {"data.text-column", "data.text-pair-column", "data.label-column", "data.id-column"}) {
+    predictor->add_option_function<std::string>(
+        std::string("--") + key, [&predict_columns, key](const std::string& v) { predict_columns[key] = v; },
+        std::string(key) == "data.id-column"
+            ? "a column of the input written beside each prediction instead of its text"
+            : std::string("the input's column for the run's ") + key);
+  }
 
   CLI::App* bench = app.add_subcommand(
       "bench", "Weak-scaling table: a short run of a config at each rank count (per-rank batch fixed). "
@@ -320,16 +377,18 @@ int cli_main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    // An unknown --section.key gets the nearest key, as in a config file.
-    std::string hint;
-    for (int i = 1; i < argc && hint.empty(); ++i) {
-      std::string arg = argv[i];
-      if (arg.rfind("--", 0) != 0) continue;
-      std::string name = arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos : arg.find('=') - 2);
-      if (name.find('.') == std::string::npos || train->get_option_no_throw("--" + name) != nullptr) continue;
-      if (std::string near = closest_key(name); !near.empty()) hint = " (did you mean '--" + near + "'?)";
+    const auto parsed = app.get_subcommands();
+    CLI::App* sub = parsed.empty() ? nullptr : parsed.front();
+    const std::string help = sub ? "cohort " + sub->get_name() + " --help" : "cohort --help";
+    if (sub && dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
+      if (std::string unknown = unknown_option(*sub, argc, argv); !unknown.empty()) {
+        std::string near = option_hint(*sub, unknown);
+        return fail("unknown option '" + unknown + "' for 'cohort " + sub->get_name() + "'" +
+                        (near.empty() ? "" : " (did you mean '" + near + "'?)") + " (see '" + help + "')",
+                    2);
+      }
     }
-    return fail(std::string(e.what()) + hint + " (see 'cohort --help')", 2);
+    return fail(std::string(e.what()) + " (see '" + help + "')", 2);
   } catch (const Error& e) {  // a config choice that is not one of its words
     return fail(e.what(), e.exit_code());
   }
@@ -352,15 +411,29 @@ int cli_main(int argc, char** argv) {
     }
     if (evaluator->parsed()) {
       EvalPlan plan = plan_evaluation(eval_request);
+      plan.run.live_progress = isatty(fileno(stderr)) != 0;
       auto comm = Comm::single(plan.cfg.train.device);
       configure_process(plan.cfg.train, comm->world());
-      evaluate_checkpoint(plan.cfg, *comm, plan.run);
+      std::string png;
+      if (eval_plot) {
+        png = plan.run.out_dir + "/confusion-" + plan.cfg.eval.split + "-step-" +
+              std::to_string(plan.run.resume->state.step) + ".png";
+      }
+      evaluate_checkpoint(plan.cfg, *comm, plan.run, png);
       return 0;
     }
     if (predictor->parsed()) {
       EvalPlan plan = plan_evaluation(predict_request);
       if (predict_batch > 0) plan.cfg.eval.batch = predict_batch;
+      for (const auto& [key, value] : predict_columns) {
+        if (key == "data.text-column") plan.cfg.data.text_column = value;
+        if (key == "data.text-pair-column") plan.cfg.data.text_pair_column = value;
+        if (key == "data.label-column") plan.cfg.data.label_column = value;
+        if (key == "data.id-column") plan.cfg.data.id_column = value;
+      }
+      validate(plan.cfg);
       if (predict_out.empty()) predict_out = plan.run.out_dir + "/predictions.jsonl";
+      plan.run.live_progress = isatty(fileno(stderr)) != 0;
       auto comm = Comm::single(plan.cfg.train.device);
       configure_process(plan.cfg.train, comm->world());
       int64_t n = predict_checkpoint(plan.cfg, *comm, plan.run, predict_input, predict_out);
@@ -368,11 +441,30 @@ int cli_main(int argc, char** argv) {
       return 0;
     }
     if (exporter->parsed()) {
-      std::printf("cohort: wrote %s\n", export_model(export_path, export_out).c_str());
+      ExportResult r = export_model(export_path, export_out);
+      for (const auto& note : r.notes) std::fprintf(stderr, "cohort: note: %s\n", note.c_str());
+      std::printf("cohort: wrote %s: %s\n", r.dir.c_str(), detail::join(r.files, ", ").c_str());
+      if (!r.hf_class.empty())
+        std::printf("cohort: load it with transformers' %s.from_pretrained('%s') (or the Auto classes)\n",
+                    r.hf_class.c_str(), r.dir.c_str());
       return 0;
     }
     if (plot->parsed()) {
-      std::printf("cohort: wrote %s\n", plot_run(plot_dir, plot_out).c_str());
+      PlotOptions po;
+      po.output = plot_out;
+      // The schedule the run followed, drawn whole, when its length is known.
+      if (auto toml = std::filesystem::path(plot_dir) / "config.toml"; std::filesystem::exists(toml)) {
+        try {
+          Config run_cfg = load_config(toml.string());
+          if (run_cfg.train.max_steps > 0) {
+            po.total_steps = run_cfg.train.max_steps;
+            po.lr_at = [s = LrSchedule::from(run_cfg.optim, run_cfg.train.max_steps)](int64_t step) { return s.at(step); };
+          }
+        } catch (const Error& e) {
+          std::fprintf(stderr, "cohort: note: the learning-rate schedule is left out: %s\n", e.what());
+        }
+      }
+      std::printf("cohort: wrote %s\n", plot_run(plot_dir, po).c_str());
       return 0;
     }
     if (train->parsed()) {

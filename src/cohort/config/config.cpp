@@ -188,12 +188,14 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   // and may change on resume.
   const KeyScope node = KeyScope::kPerNode, fixed = KeyScope::kFixed;
 
-  bind("train.task", c.train.task, "task: image-classify | bert-pretrain, or one the program registered", fixed);
+  bind("train.task", c.train.task, "task: bert-pretrain | bert-classify | image-classify, or one the program registered", fixed);
   bind("train.max-steps", c.train.max_steps, "stop after this many optimizer steps; -1 runs train.epochs epochs");
   bind("train.epochs", c.train.epochs, "epochs to run when train.max-steps is -1");
   bind("train.seed", c.train.seed, "seed for every RNG: init, data order, dropout", fixed);
   bind("train.device", c.train.device, "auto | cpu | cuda", node);
   bind("train.threads", c.train.threads, "intra-op threads per rank; 0 = free cores / local ranks", node, "--threads");
+  bind("train.early-stop-patience", c.train.early_stop_patience, "stop after N evaluations in a row without a "
+       "better ckpt.best-metric (the best checkpoint is kept); 0 = off");
   bind("train.precision", c.train.precision, "autocast dtype; master weights stay fp32. auto = bf16 on a CPU with AMX, else fp32; fp16 (loss-scaled) on CUDA");
 
   bind("data.path", c.data.path, "dataset directory (may differ between nodes)", node);
@@ -211,6 +213,8 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("data.text-column", c.data.text_column, "bert-classify: the column (TSV header) or field (JSONL) of the text", fixed);
   bind("data.text-pair-column", c.data.text_pair_column, "bert-classify: the second text of sentence pairs; '' = single sentences", fixed);
   bind("data.label-column", c.data.label_column, "bert-classify: the label column; labels are strings", fixed);
+  bind("data.id-column", c.data.id_column, "bert-classify predict: a column written beside each prediction "
+       "instead of the text; '' = the text");
   bind("data.max-seq-length", c.data.max_seq_length, "bert-classify: tokens per input with [CLS] and [SEP]s; the longer text is cut first", fixed);
   bind("data.vocab", c.data.vocab, "bert-classify: vocab.txt; '' = data.path's, else the one beside model.init", node);
   bind("data.labels", c.data.labels, "bert-classify: the label names (a run's labels.json); '' = the train split's; "
@@ -303,13 +307,57 @@ KeyScope scope_of(const std::string& key) { return reference_binding().scope(key
 }  // namespace
 
 std::string closest_key(const std::string& name) {
+  const auto keys = reference_binding().keys();
+  auto known = [&](const std::string& k) { return std::find(keys.begin(), keys.end(), k) != keys.end(); };
   std::string hint;
   size_t best = 4;
-  for (const auto& k : reference_binding().keys()) {
+  for (const auto& k : keys) {
     size_t d = edit_distance(name, k);
     if (d < best) best = d, hint = k;
   }
-  return hint;
+  if (!hint.empty()) return hint;
+  // Hugging Face Trainer's and other tools' spellings: snake_case, their
+  // section names, their key names.
+  std::string dashed = name;
+  std::replace(dashed.begin(), dashed.end(), '_', '-');
+  static const std::map<std::string, std::string> foreign_keys = {
+      {"learning-rate", "optim.lr"},        {"lr", "optim.lr"},
+      {"num-train-epochs", "train.epochs"}, {"epochs", "train.epochs"},
+      {"max-steps", "train.max-steps"},     {"seed", "train.seed"},
+      {"weight-decay", "optim.weight-decay"}, {"warmup-ratio", "optim.warmup-ratio"},
+      {"adam-beta1", "optim.beta1"},        {"adam-beta2", "optim.beta2"},
+      {"adam-epsilon", "optim.eps"},        {"max-grad-norm", "optim.clip-norm"},
+      {"lr-scheduler-type", "optim.schedule"}, {"gradient-accumulation-steps", "optim.accum-steps"},
+      {"logging-steps", "log.every-steps"}, {"eval-steps", "eval.every-steps"},
+      {"save-steps", "ckpt.every-steps"},   {"save-total-limit", "ckpt.keep"},
+      {"metric-for-best-model", "ckpt.best-metric"}, {"per-device-train-batch-size", "data.global-batch"},
+      {"train-batch-size", "data.global-batch"}, {"per-device-eval-batch-size", "eval.batch"},
+      {"dataloader-num-workers", "data.workers"}, {"max-seq-length", "data.max-seq-length"},
+      {"device", "train.device"},
+      {"precision", "train.precision"},     {"model-name-or-path", "model.init"},
+  };
+  static const std::map<std::string, std::string> foreign_sections = {
+      {"optimizer", "optim"},   {"optimiser", "optim"}, {"training", "train"}, {"trainer", "train"},
+      {"logging", "log"},       {"checkpoint", "ckpt"}, {"checkpoints", "ckpt"}, {"checkpointing", "ckpt"},
+      {"distributed", "dist"},  {"evaluation", "eval"}, {"dataset", "data"},  {"scheduler", "optim"},
+  };
+  const auto dot = dashed.find('.');
+  const std::string section = dot == std::string::npos ? "" : dashed.substr(0, dot);
+  const std::string key = dot == std::string::npos ? dashed : dashed.substr(dot + 1);
+  if (auto it = foreign_sections.find(section); it != foreign_sections.end() && known(it->second + "." + key))
+    return it->second + "." + key;
+  if (auto it = foreign_keys.find(key); it != foreign_keys.end()) return it->second;
+  if (known(dashed)) return dashed;
+  // A key given without its section: --seed, --max-steps.
+  std::string only;
+  for (const auto& k : keys) {
+    if (k.size() > key.size() && k.compare(k.size() - key.size(), key.size(), key) == 0 &&
+        k[k.size() - key.size() - 1] == '.') {
+      if (!only.empty()) return "";  // in two sections: no single answer
+      only = k;
+    }
+  }
+  return only;
 }
 
 std::vector<std::string> ConfigBinding::keys() const {
@@ -619,6 +667,9 @@ void validate(const Config& c) {
   require(c.train.max_steps == -1 || c.train.max_steps >= 1, "train.max-steps", c.train.max_steps,
           "must be >= 1, or -1 to run train.epochs epochs");
   require(c.train.epochs >= 1, "train.epochs", c.train.epochs, "must be >= 1");
+  require(c.train.early_stop_patience >= 0, "train.early-stop-patience", c.train.early_stop_patience, "must be >= 0");
+  require(c.train.early_stop_patience == 0 || !c.ckpt.best_metric.empty(), "train.early-stop-patience",
+          c.train.early_stop_patience, "needs ckpt.best-metric, the metric that must improve");
   // Each thread is real: torch would start 100000 of them (and hang).
   require(c.train.threads >= 0 && c.train.threads <= kMaxThreads, "train.threads", c.train.threads,
           "must be between 0 and 1024");

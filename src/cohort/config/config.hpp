@@ -31,6 +31,7 @@ struct TrainOptions {
   DeviceKind device = DeviceKind::kAuto;
   int threads = 0;           // intra-op threads per rank; 0: cores / local ranks
   Precision precision = Precision::kFp32;  // fp16: CUDA only
+  int64_t early_stop_patience = 0;  // stop after N evaluations without a better ckpt.best-metric; 0: off
 };
 
 struct DataOptions {
@@ -49,6 +50,7 @@ struct DataOptions {
   std::string text_column = "text";
   std::string text_pair_column;        // "": single sentences
   std::string label_column = "label";
+  std::string id_column;                // predict: written beside each prediction instead of the text
   int64_t max_seq_length = 128;
   std::string vocab;                   // vocab.txt; "": data.path's, else model.init's
   bool lowercase = true;               // uncased WordPiece

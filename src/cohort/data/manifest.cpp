@@ -36,6 +36,11 @@ std::optional<DataManifest> read_manifest(const std::string& dir) {
   field("vocab_size", m.vocab_size);
   field("max_seq_length", m.max_seq_length);
   field("max_predictions", m.max_predictions);
+  if (j.contains("lowercase")) {
+    COHORT_CHECK(j["lowercase"].is_boolean(), DataError, path, ": 'lowercase' must be true or false, got ",
+                 j["lowercase"].dump());
+    m.lowercase = j["lowercase"].get<bool>();
+  }
   return m;
 }
 

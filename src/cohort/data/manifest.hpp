@@ -15,6 +15,7 @@ struct DataManifest {
   int64_t vocab_size = -1;       // -1: not recorded
   int64_t max_seq_length = -1;
   int64_t max_predictions = -1;
+  std::optional<bool> lowercase;  // the vocabulary's case; nullopt: not recorded
 };
 
 // DIR/manifest.json, or nullopt when DIR has none. A present field must be a

@@ -58,8 +58,14 @@ std::vector<std::string> split_tabs(const std::string& line) {
   return out;
 }
 
-// The fields a file's rows give, in order: text, text_pair (or ""), label
-// (or "" when absent and not required). `at` names file:line for errors.
+// What a row gives: text, text_pair (or ""), label (or "" when absent and
+// not required), and the id column's value (or "" when none is named).
+struct RowFields {
+  std::string text, pair, label, id;
+  bool has_label = false;
+};
+
+// A file's rows, in order. `at` names file:line for errors.
 class RowReader {
  public:
   RowReader(const std::string& path, const ClassifyColumns& cols, bool require_label)
@@ -79,23 +85,25 @@ class RowReader {
     text_ = column(cols_.text, true);
     pair_ = cols_.text_pair.empty() ? -1 : column(cols_.text_pair, true);
     label_ = column(cols_.label, require_label_);
+    id_ = cols_.id.empty() ? -1 : column(cols_.id, true);
   }
 
   // False at the end of the file.
-  bool next(std::string& text, std::string& pair, std::string& label, bool& has_label) {
+  bool next(RowFields& row) {
     std::string line;
     while (std::getline(in_, line)) {
       ++line_;
       strip_cr(line);
       if (line.empty()) continue;
-      if (jsonl_) return parse_json(line, text, pair, label, has_label);
+      if (jsonl_) return parse_json(line, row);
       auto fields = split_tabs(line);
       COHORT_CHECK(fields.size() == header_.size(), DataError, at(), ": ", fields.size(), " field(s), but the header has ",
                    header_.size(), " (a tab inside a text?)");
-      text = fields[static_cast<size_t>(text_)];
-      pair = pair_ >= 0 ? fields[static_cast<size_t>(pair_)] : "";
-      has_label = label_ >= 0;
-      label = has_label ? fields[static_cast<size_t>(label_)] : "";
+      row.text = fields[static_cast<size_t>(text_)];
+      row.pair = pair_ >= 0 ? fields[static_cast<size_t>(pair_)] : "";
+      row.has_label = label_ >= 0;
+      row.label = row.has_label ? fields[static_cast<size_t>(label_)] : "";
+      row.id = id_ >= 0 ? fields[static_cast<size_t>(id_)] : "";
       return true;
     }
     return false;
@@ -115,11 +123,11 @@ class RowReader {
     std::string have;
     for (const auto& h : header_) have += (have.empty() ? "" : ", ") + h;
     COHORT_CHECK(!required, DataError, path_, ":1: no column '", name, "' in the header (it has: ", have,
-                 "); set data.text-column, data.text-pair-column or data.label-column");
+                 "); set data.text-column, data.text-pair-column, data.label-column or data.id-column");
     return -1;
   }
 
-  bool parse_json(const std::string& line, std::string& text, std::string& pair, std::string& label, bool& has_label) {
+  bool parse_json(const std::string& line, RowFields& row) {
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
@@ -129,17 +137,19 @@ class RowReader {
     auto field = [&](const std::string& name, bool required, std::string& out) {
       auto it = j.find(name);
       if (it == j.end() || it->is_null()) {
-        COHORT_CHECK(!required, DataError, at(), ": no field '", name, "'; set data.text-column, data.text-pair-column or data.label-column");
+        COHORT_CHECK(!required, DataError, at(), ": no field '", name, "'; set data.text-column, data.text-pair-column, data.label-column or data.id-column");
         out.clear();
         return false;
       }
       out = it->is_string() ? it->get<std::string>() : it->dump();  // numbers and booleans as labels
       return true;
     };
-    field(cols_.text, true, text);
-    if (!cols_.text_pair.empty()) field(cols_.text_pair, true, pair);
-    else pair.clear();
-    has_label = field(cols_.label, require_label_, label);
+    field(cols_.text, true, row.text);
+    if (!cols_.text_pair.empty()) field(cols_.text_pair, true, row.pair);
+    else row.pair.clear();
+    row.has_label = field(cols_.label, require_label_, row.label);
+    if (!cols_.id.empty()) field(cols_.id, true, row.id);
+    else row.id.clear();
     return true;
   }
 
@@ -148,7 +158,7 @@ class RowReader {
   bool require_label_, jsonl_;
   std::ifstream in_;
   std::vector<std::string> header_;
-  int text_ = -1, pair_ = -1, label_ = -1;
+  int text_ = -1, pair_ = -1, label_ = -1, id_ = -1;
   int64_t line_ = 0;
 };
 
@@ -166,11 +176,10 @@ TextClassification::TextClassification(const std::string& path, const text::Word
   RowReader reader(path, opts.columns, opts.require_labels);
   std::vector<std::string> label_text;
   std::vector<std::string> where;  // file:line of each row, for label errors
-  std::string text, pair, label;
-  bool has_label = false;
-  while (reader.next(text, pair, label, has_label)) {
-    auto a = tokenizer.encode(text);
-    std::vector<int32_t> b = pairs ? tokenizer.encode(pair) : std::vector<int32_t>{};
+  RowFields f;
+  while (reader.next(f)) {
+    auto a = tokenizer.encode(f.text);
+    std::vector<int32_t> b = pairs ? tokenizer.encode(f.pair) : std::vector<int32_t>{};
     // Longest first: drop the last token of the longer segment until both fit.
     bool cut = false;
     while (static_cast<int64_t>(a.size() + b.size()) > budget) {
@@ -188,9 +197,14 @@ TextClassification::TextClassification(const std::string& path, const text::Word
       row.ids.insert(row.ids.end(), b.begin(), b.end());
       row.ids.push_back(sep);
     }
-    if (!opts.require_labels && label.empty()) has_label = false;  // predict input: a blank label is none
-    COHORT_CHECK(!has_label || !label.empty(), DataError, reader.at(), ": empty label");
-    label_text.push_back(has_label ? label : std::string());
+    if (!opts.require_labels && f.label.empty()) f.has_label = false;  // predict input: a blank label is none
+    COHORT_CHECK(!f.has_label || !f.label.empty(), DataError, reader.at(), ": empty label");
+    label_text.push_back(f.has_label ? f.label : std::string());
+    if (opts.keep_inputs) {
+      if (!opts.columns.id.empty()) inputs_.push_back({{"id", f.id}});
+      else if (pairs) inputs_.push_back({{"text", f.text}, {"text_pair", f.pair}});
+      else inputs_.push_back({{"text", f.text}});
+    }
     where.push_back(reader.at());
     rows_.push_back(std::move(row));
   }

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cohort/data/dataset.hpp"
@@ -30,6 +31,7 @@ struct ClassifyColumns {
   std::string text = "text";
   std::string text_pair;  // "": single sentences
   std::string label = "label";
+  std::string id;  // predict: a column written beside each prediction instead of the text; "": none
 };
 
 // Label strings <-> ids.
@@ -53,6 +55,7 @@ struct TextClassifyOptions {
   ClassifyColumns columns;
   int64_t max_seq_length = 128;
   bool require_labels = true;  // false: predict input, labels optional
+  bool keep_inputs = false;    // predict: keep each row's text (or id column) for inputs()
 };
 
 // DIR/<split>.tsv or DIR/<split>.jsonl (DataError listing what DIR holds
@@ -78,6 +81,11 @@ class TextClassification : public Dataset {
   std::string describe() const override;
 
   const LabelSet& labels() const { return labels_; }
+  // keep_inputs: row `index`'s {"text", "text_pair"} or {"id"} as read;
+  // empty otherwise.
+  std::vector<std::pair<std::string, std::string>> inputs(int64_t index) const {
+    return inputs_.empty() ? std::vector<std::pair<std::string, std::string>>{} : inputs_.at(static_cast<size_t>(index));
+  }
   const std::string& path() const { return path_; }
 
  private:
@@ -89,6 +97,7 @@ class TextClassification : public Dataset {
   std::string path_;
   LabelSet labels_;
   std::vector<Row> rows_;
+  std::vector<std::vector<std::pair<std::string, std::string>>> inputs_;  // keep_inputs
   int64_t truncated_ = 0;
 };
 

@@ -2,12 +2,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "cohort/core/error.hpp"
 
@@ -15,18 +18,88 @@ namespace cohort {
 
 namespace fs = std::filesystem;
 
-std::string plot_run(const std::string& run_dir, const std::string& output) {
+namespace {
+
+// Numeric fields by step, in the order read.
+struct Series {
+  std::vector<int64_t> steps;
+  std::vector<std::map<std::string, double>> values;
+  std::set<std::string> names;
+
+  void add(const nlohmann::json& j) {
+    steps.push_back(j["step"].get<int64_t>());
+    values.emplace_back();
+    for (const auto& [k, v] : j.items()) {
+      if (k == "step" || !v.is_number() || k == "epoch" || k == "samples" || k == "count" || k == "slowest_rank")
+        continue;
+      values.back()[k] = v.get<double>();
+      names.insert(k);
+    }
+  }
+  bool has(const std::string& name) const { return names.count(name) > 0; }
+  // Writes step and every name as columns (NaN where a line lacks it);
+  // returns the column of each name.
+  std::map<std::string, int> write(const fs::path& file) const {
+    std::ofstream out(file);
+    std::map<std::string, int> column;
+    int c = 2;
+    for (const auto& n : names) column[n] = c++;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      out << steps[i];
+      for (const auto& n : names) {
+        auto it = values[i].find(n);
+        out << ' ';
+        if (it == values[i].end() || !std::isfinite(it->second)) out << "NaN";
+        else out << it->second;
+      }
+      out << '\n';
+    }
+    return column;
+  }
+};
+
+bool is_quality(const std::string& name) {
+  return name.find("accuracy") != std::string::npos || name == "macro_f1";
+}
+
+std::string quoted(const fs::path& p) { return "'" + p.string() + "'"; }
+
+// "mlm_accuracy" -> "MLM accuracy", for titles and axis labels.
+std::string readable(const std::string& name) {
+  std::string out;
+  std::string word;
+  auto flush = [&] {
+    if (word.empty()) return;
+    if (word == "mlm" || word == "nsp") {
+      for (char& ch : word) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    } else if (word == "f1") {
+      word = "F1";
+    }
+    out += (out.empty() ? "" : " ") + word;
+    word.clear();
+  };
+  for (char ch : name) {
+    if (ch == '_') flush();
+    else word += ch;
+  }
+  flush();
+  return out;
+}
+
+}  // namespace
+
+std::string plot_run(const std::string& run_dir, const PlotOptions& options) {
   fs::path metrics = fs::path(run_dir) / "metrics.jsonl";
   std::ifstream in(metrics);
   COHORT_CHECK(in.good(), DataError, metrics.string(), ": cannot read; is ", run_dir, " a run directory?");
-  std::string png = output.empty() ? (fs::path(run_dir) / "plots.png").string() : output;
+  std::string png = options.output.empty() ? (fs::path(run_dir) / "plots.png").string() : options.output;
   fs::path work = fs::path(run_dir) / ".plot";
   fs::create_directories(work);
 
-  std::ofstream train(work / "train.dat"), eval(work / "eval.dat");
-  std::set<std::string> eval_metrics;
-  std::vector<nlohmann::json> evals;
-  size_t train_lines = 0, line_no = 0;
+  Series train, eval;
+  std::string unit, eval_split;
+  nlohmann::json last_eval;
+  size_t line_no = 0;
   for (std::string line; std::getline(in, line);) {
     ++line_no;
     nlohmann::json j;
@@ -51,52 +124,103 @@ std::string plot_run(const std::string& run_dir, const std::string& output) {
       }
     }
     if (kind == "train") {
-      train << j["step"] << ' ' << j.value("loss", 0.0) << ' ' << j.value("lr", 0.0) << ' '
-            << j.value("tokens_per_s", 0.0) << '\n';
-      ++train_lines;
+      train.add(j);
+      if (j.contains("unit") && j["unit"].is_string()) unit = j["unit"].get<std::string>();
     } else if (kind == "eval") {
       // One curve: the training's own eval split (the first one logged);
       // `cohort eval` lines for other splits are left out.
-      if (!evals.empty() && j.value("split", std::string()) != evals.front().value("split", std::string())) continue;
-      for (auto& [k, v] : j.items())
-        if (v.is_number_float() && k != "loss") eval_metrics.insert(k);
-      evals.push_back(j);
+      const std::string split = j.value("split", std::string());
+      if (eval.steps.empty()) eval_split = split;
+      if (split != eval_split) continue;
+      eval.add(j);
+      last_eval = j;
     }
   }
-  COHORT_CHECK(train_lines > 0, DataError, metrics.string(), ": no training lines to plot yet");
-  for (const auto& j : evals) {
-    eval << j["step"] << ' ' << j.value("loss", 0.0);
-    for (const auto& m : eval_metrics) eval << ' ' << j.value(m, 0.0);
-    eval << '\n';
-  }
-  train.close();
-  eval.close();
+  COHORT_CHECK(!train.steps.empty(), DataError, metrics.string(), ": no training lines to plot yet");
+  if (unit.empty()) unit = train.has("mlm_loss") ? "tokens" : "samples";  // lines written before "unit"
 
-  std::ostringstream gp;
-  gp << "set terminal pngcairo noenhanced size 1400,900 font ',10'\nset output '" << png << "'\n"
-     << "set multiplot layout 2,2 title 'cohort run: " << fs::path(run_dir).filename().string() << "'\n"
-     << "set grid\nset key top right\nset xlabel 'step'\n"
-     << "set title 'loss'\nplot '" << (work / "train.dat").string() << "' using 1:2 with lines title 'train'"
-     << (evals.empty() ? "" : ", '" + (work / "eval.dat").string() + "' using 1:2 with linespoints title 'eval'")
-     << "\nset title 'learning rate'\nplot '" << (work / "train.dat").string()
-     << "' using 1:3 with lines notitle\n"
-     << "set title 'throughput (units/s)'\nplot '" << (work / "train.dat").string()
-     << "' using 1:4 with lines notitle\n";
-  if (evals.empty() || eval_metrics.empty()) {
-    gp << "set title 'evaluation'\nunset key\nplot NaN notitle\n";
-  } else {
-    // Accuracies (in [0,1]) on the right axis, losses on the left, so
-    // neither squashes the other.
-    gp << "set title 'evaluation metrics'\nset y2tics\nset ytics nomirror\nset y2label 'accuracy'\nplot ";
-    int col = 3;
-    for (const auto& m : eval_metrics) {
-      if (col > 3) gp << ", ";
-      bool right = m.find("accuracy") != std::string::npos;
-      gp << "'" << (work / "eval.dat").string() << "' using 1:" << col << " axes " << (right ? "x1y2" : "x1y1")
-         << " with linespoints title '" << m << (right ? " (right)" : "") << "'";
-      ++col;
+  const fs::path train_dat = work / "train.dat", eval_dat = work / "eval.dat", lr_dat = work / "lr.dat",
+                 f1_dat = work / "f1.dat";
+  auto tc = train.write(train_dat);
+  auto ec = eval.write(eval_dat);
+  const bool schedule = options.lr_at && options.total_steps > 0;
+  if (schedule) {
+    std::ofstream lr(lr_dat);
+    const int64_t stride = std::max<int64_t>(1, options.total_steps / 2000);
+    for (int64_t s = 0; s < options.total_steps; s += stride) lr << s + 1 << ' ' << options.lr_at(s) << '\n';
+  }
+  // The last evaluation's per-class F1 ("f1/<label>"), best first.
+  std::vector<std::pair<double, std::string>> f1;
+  if (last_eval.is_object()) {
+    for (const auto& [k, v] : last_eval.items())
+      if (k.rfind("f1/", 0) == 0 && v.is_number()) f1.emplace_back(v.get<double>(), k.substr(3));
+  }
+  std::sort(f1.begin(), f1.end(), [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+  if (!f1.empty()) {
+    std::ofstream out(f1_dat);
+    for (size_t i = 0; i < f1.size(); ++i) {
+      std::string label = f1[i].second;
+      std::replace(label.begin(), label.end(), '"', '\'');
+      out << i << " \"" << label << "\" " << f1[i].first << '\n';
     }
+  }
+
+  // Accuracies and F1, each in its own panel: 0.111 -> 0.128 must not look flat.
+  std::vector<std::string> quality;
+  for (const auto* s : {&train, &eval})
+    for (const auto& n : s->names)
+      if (is_quality(n) && n.rfind("f1/", 0) != 0 && std::find(quality.begin(), quality.end(), n) == quality.end())
+        quality.push_back(n);
+  std::sort(quality.begin(), quality.end());
+
+  const int panels = 3 + static_cast<int>(quality.size()) + (f1.empty() ? 0 : 1);
+  const int rows = (panels + 1) / 2;
+  const int64_t last_step = std::max(train.steps.back(), eval.steps.empty() ? int64_t{0} : eval.steps.back());
+  std::ostringstream gp;
+  gp << "set terminal pngcairo noenhanced size 1400," << 380 * rows << " font ',10'\nset output '" << png << "'\n"
+     << "set multiplot layout " << rows << ",2 title 'cohort run: " << fs::path(run_dir).filename().string()
+     << "' font ',12'\n"
+     << "set grid\nset key below horizontal\nset xlabel 'step'\nset xrange [0:" << last_step << "]\n"
+     << "set style line 1 lc rgb '#1f77b4' lw 1.5\nset style line 2 lc rgb '#d62728' lw 1.5 pt 7 ps 0.9\n";
+  // A panel: the train column as a line, the eval column as points joined
+  // (a single eval point is a marked point with its value beside it).
+  auto panel = [&](const std::string& title, const std::string& ylabel, const std::string& name) {
+    gp << "set title '" << title << "'\nset ylabel '" << ylabel << "'\nset autoscale y\nunset label\n";
+    std::vector<std::string> parts;
+    if (tc.count(name))
+      parts.push_back(quoted(train_dat) + " using 1:" + std::to_string(tc[name]) + " with lines ls 1 title 'train'");
+    if (ec.count(name)) {
+      parts.push_back(quoted(eval_dat) + " using 1:" + std::to_string(ec[name]) + " with linespoints ls 2 title 'eval (" +
+                      eval_split + ")'");
+      // The last evaluation's value, written beside its point.
+      for (size_t i = eval.steps.size(); i-- > 0;) {
+        auto it = eval.values[i].find(name);
+        if (it == eval.values[i].end()) continue;
+        char value[32];
+        std::snprintf(value, sizeof value, "%.4g", it->second);
+        gp << "set label '" << value << "' at " << eval.steps[i] << "," << it->second << " offset -1,1 right\n";
+        break;
+      }
+    }
+    gp << "plot ";
+    for (size_t i = 0; i < parts.size(); ++i) gp << (i ? ", " : "") << parts[i];
     gp << "\n";
+  };
+  panel("loss", "loss (cross-entropy)", "loss");
+  for (const auto& q : quality) panel(readable(q), readable(q), q);
+
+  gp << "set title 'learning rate'\nset ylabel 'learning rate'\nset autoscale y\nunset label\nset format y '%.1e'\nplot ";
+  if (schedule) gp << quoted(lr_dat) << " using 1:2 with lines lc rgb '#999999' title 'schedule', ";
+  gp << quoted(train_dat) << " using 1:" << tc["lr"] << " with points ls 1 pt 7 ps 0.6 title 'logged'\n"
+     << "set format y '% h'\n";
+  const std::string rate = train.has(unit + "_per_s") ? unit + "_per_s" : "tokens_per_s";
+  gp << "set title 'throughput'\nset ylabel '" << unit << "/s'\nset yrange [0:*]\nplot " << quoted(train_dat)
+     << " using 1:" << tc[rate] << " with lines ls 1 title '" << unit << "/s, all ranks'\n";
+  if (!f1.empty()) {
+    gp << "set title 'per-class F1 at step " << eval.steps.back() << " (" << eval_split << ", " << f1.size()
+       << " classes, best first)'\nset ylabel 'F1'\nset xlabel ''\nset yrange [0:1]\nset xrange [-1:" << f1.size()
+       << "]\nset style fill solid 0.7\nset boxwidth 0.8\nset xtics rotate by 90 right font '," << (f1.size() > 20 ? 6 : 8)
+       << "'\nunset key\nplot " << quoted(f1_dat) << " using 1:3:xtic(2) with boxes lc rgb '#1f77b4' notitle\n";
   }
   gp << "unset multiplot\n";
   std::ofstream(work / "plot.gp") << gp.str();
@@ -104,6 +228,54 @@ std::string plot_run(const std::string& run_dir, const std::string& output) {
   COHORT_CHECK(std::system("command -v gnuplot >/dev/null 2>&1") == 0, Error,
                "gnuplot is not installed (apt-get install gnuplot-nox)");
   std::string cmd = "gnuplot '" + (work / "plot.gp").string() + "' 2>'" + (work / "gnuplot.err").string() + "'";
+  int rc = std::system(cmd.c_str());
+  COHORT_CHECK(rc == 0 && fs::exists(png), Error, "gnuplot failed drawing ", png, " (see ",
+               (work / "gnuplot.err").string(), ")");
+  return png;
+}
+
+std::string plot_confusion(const std::string& png, const std::vector<std::string>& names,
+                           const std::vector<std::vector<double>>& counts, const std::string& title) {
+  const size_t k = names.size();
+  COHORT_CHECK(k > 0 && counts.size() == k, Error, "a confusion matrix needs one row per class (", counts.size(),
+               " rows, ", k, " classes)");
+  fs::path work = fs::path(png).parent_path() / ".plot";
+  fs::create_directories(work);
+  const fs::path dat = work / "confusion.dat";
+  {
+    std::ofstream out(dat);
+    for (size_t t = 0; t < k; ++t) {
+      COHORT_CHECK(counts[t].size() == k, Error, "confusion row ", t, " has ", counts[t].size(), " columns, not ", k);
+      double row = 0;
+      for (double v : counts[t]) row += v;
+      for (size_t p = 0; p < k; ++p) out << t << ' ' << p << ' ' << (row > 0 ? counts[t][p] / row : 0.0) << ' ' << counts[t][p] << '\n';
+      out << '\n';
+    }
+  }
+  auto tics = [&] {
+    std::string out = "(";
+    for (size_t i = 0; i < k; ++i) {
+      std::string n = names[i];
+      std::replace(n.begin(), n.end(), '"', '\'');
+      out += (i ? ", \"" : "\"") + n + "\" " + std::to_string(i);
+    }
+    return out + ")";
+  };
+  const int side = static_cast<int>(std::clamp<size_t>(300 + 22 * k, 600, 1600));
+  const int font = k > 30 ? 6 : k > 15 ? 8 : 10;
+  std::ostringstream gp;
+  gp << "set terminal pngcairo noenhanced size " << side + 150 << "," << side << " font '," << font << "'\n"
+     << "set output '" << png << "'\nset title '" << title << "' font '," << font + 3 << "'\n"
+     << "set xlabel 'predicted'\nset ylabel 'true'\nset xrange [-0.5:" << k - 0.5 << "]\nset yrange [" << k - 0.5
+     << ":-0.5]\nset xtics " << tics() << " rotate by 90 right\nset ytics " << tics() << "\nset cbrange [0:1]\n"
+     << "set cblabel 'share of the true class'\nset palette defined (0 '#ffffff', 0.2 '#c6dbef', 1 '#08306b')\n"
+     << "set view map\nunset key\nplot '" << dat.string() << "' using 2:1:3 with image";
+  if (k <= 20) gp << ", '' using 2:1:(sprintf('%d', $4)) with labels tc rgb '#444444'";
+  gp << "\n";
+  std::ofstream(work / "confusion.gp") << gp.str();
+  COHORT_CHECK(std::system("command -v gnuplot >/dev/null 2>&1") == 0, Error,
+               "gnuplot is not installed (apt-get install gnuplot-nox)");
+  std::string cmd = "gnuplot '" + (work / "confusion.gp").string() + "' 2>'" + (work / "gnuplot.err").string() + "'";
   int rc = std::system(cmd.c_str());
   COHORT_CHECK(rc == 0 && fs::exists(png), Error, "gnuplot failed drawing ", png, " (see ",
                (work / "gnuplot.err").string(), ")");

@@ -14,6 +14,7 @@ namespace {
 nlohmann::json to_json(const TrainReport& r) {
   nlohmann::json line = {{"kind", "train"}, {"step", r.step},       {"epoch", r.epoch},
                          {"lr", r.lr},      {"samples", r.samples}, {"tokens_per_s", r.units_per_s}};
+  if (!r.unit.empty()) line["unit"] = r.unit;  // what tokens_per_s counts: tokens, images, samples
   for (const auto& [name, value] : r.metrics) line[name] = value;
   nlohmann::json phases = nlohmann::json::object();
   for (const auto& [name, ms] : r.phase_ms) phases[name] = ms;

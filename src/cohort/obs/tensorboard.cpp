@@ -89,7 +89,10 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   std::filesystem::create_directories(dir);
   char host[256] = "localhost";
   gethostname(host, sizeof host - 1);
-  path_ = dir + "/events.out.tfevents." + std::to_string(static_cast<int64_t>(now_seconds())) + "." + host;
+  // TensorFlow's own form, time.host.pid: a later process (a resume, `cohort
+  // eval`) starting in the same second writes a file of its own.
+  path_ = dir + "/events.out.tfevents." + std::to_string(static_cast<int64_t>(now_seconds())) + "." + host + "." +
+          std::to_string(::getpid());
   out_.open(path_, std::ios::binary | std::ios::app);
   COHORT_CHECK(out_.is_open(), Error, path_, ": cannot open for writing (", std::strerror(errno), ")");
   std::string event;

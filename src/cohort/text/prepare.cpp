@@ -114,7 +114,8 @@ struct SplitResult {
   int64_t documents = 0;
   int64_t rows = 0;
   int64_t shards = 0;
-  int64_t tokens = 0;
+  int64_t text_tokens = 0;  // WordPiece tokens of the split's documents
+  int64_t tokens = 0;       // real tokens in its rows (input_mask's sum: [CLS]/[SEP], dupes, random B segments)
 };
 
 }  // namespace
@@ -199,7 +200,7 @@ void run_prepare(const PrepareOptions& o) {
   InstanceOptions io = o.instances;
 
   SplitResult results[3];
-  int64_t total_tokens = 0, unk_tokens = 0;
+  int64_t text_tokens = 0, row_tokens = 0, unk_tokens = 0;
   for (int s = 0; s < 3; ++s) {
     const char* name = kSplitNames[s];
     SplitResult& r = results[s];
@@ -207,12 +208,12 @@ void run_prepare(const PrepareOptions& o) {
     for (size_t i = 0; i < tokenized.size(); ++i) {
       if (split_of[i] != s || tokenized[i].empty()) continue;
       for (const auto& segment : tokenized[i]) {
-        r.tokens += static_cast<int64_t>(segment.size());
+        r.text_tokens += static_cast<int64_t>(segment.size());
         for (int32_t id : segment) unk_tokens += id == unk;
       }
       split_docs.push_back(std::move(tokenized[i]));
     }
-    total_tokens += r.tokens;
+    text_tokens += r.text_tokens;
     r.documents = static_cast<int64_t>(split_docs.size());
     if (split_docs.empty()) {
       report.line(name, ": no documents");
@@ -250,21 +251,24 @@ void run_prepare(const PrepareOptions& o) {
       rows.masked_lm_ids.reserve(n * static_cast<size_t>(rows.max_predictions));
       rows.next_sentence_labels.reserve(n);
       for (int64_t i = first; i < last; ++i) append_row(rows, instances[order[static_cast<size_t>(i)]]);
+      for (auto m : rows.input_mask) r.tokens += m;
       char file[32];
       std::snprintf(file, sizeof file, "part-%05lld.hdf5", static_cast<long long>(r.shards));
       write_bert_shard((out / name / file).string(), rows);
       report.line("wrote ", name, "/", file, " (", rows.rows(), " rows)");
     }
+    row_tokens += r.tokens;
   }
 
   const double seconds = report.elapsed();
-  const double unk_fraction = total_tokens > 0 ? static_cast<double>(unk_tokens) / static_cast<double>(total_tokens) : 0;
+  const double unk_fraction = text_tokens > 0 ? static_cast<double>(unk_tokens) / static_cast<double>(text_tokens) : 0;
   nlohmann::json splits = nlohmann::json::object();
   for (int s = 0; s < 3; ++s) {
     splits[kSplitNames[s]] = {{"documents", results[s].documents},
                               {"rows", results[s].rows},
                               {"shards", results[s].shards},
-                              {"tokens", results[s].tokens}};
+                              {"tokens", results[s].tokens},
+                              {"text_tokens", results[s].text_tokens}};
   }
   nlohmann::json manifest = {
       {"created_by", std::string("cohort prepare ") + kVersion},
@@ -284,7 +288,8 @@ void run_prepare(const PrepareOptions& o) {
       {"rows_per_shard", o.rows_per_shard},
       {"seed", o.instances.seed},
       {"splits", splits},
-      {"tokens", total_tokens},
+      {"tokens", row_tokens},            // real tokens in the rows (input_mask's sum)
+      {"text_tokens", text_tokens},      // WordPiece tokens of the documents
       {"unk_fraction", unk_fraction},
       {"text_bytes", text_bytes},
       {"inputs", inputs},
@@ -302,7 +307,8 @@ void run_prepare(const PrepareOptions& o) {
                 static_cast<long long>(results[0].rows), static_cast<long long>(results[1].rows),
                 static_cast<long long>(results[2].rows), static_cast<long long>(o.instances.max_seq_length),
                 static_cast<long long>(o.instances.max_predictions));
-    std::printf("  tokens     %lld, [UNK] %s%% (vocabulary %d)\n", static_cast<long long>(total_tokens),
+    std::printf("  tokens     %lld in the rows (%lld of text), [UNK] %s%% (vocabulary %d)\n",
+                static_cast<long long>(row_tokens), static_cast<long long>(text_tokens),
                 fixed(unk_fraction * 100, 3).c_str(), vocab.size());
     std::printf("  time       %s s, %s of text, %s MB/s\n", fixed(seconds, 1).c_str(), megabytes(text_bytes).c_str(),
                 fixed(static_cast<double>(text_bytes) / 1e6 / std::max(seconds, 1e-9), 2).c_str());

@@ -4,6 +4,7 @@
 #include <torch/autograd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 
 #include "cohort/core/error.hpp"
@@ -12,6 +13,7 @@
 #include "cohort/distributed/comm.hpp"
 #include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/config/config.hpp"
+#include "cohort/obs/plot.hpp"
 #include "cohort/obs/reporter.hpp"
 #include "cohort/train/phase_timer.hpp"
 #include "cohort/train/run.hpp"
@@ -20,6 +22,40 @@
 #include "cohort/train/trainer.hpp"
 
 namespace cohort {
+
+namespace {
+
+// `cohort eval` and `predict` on a terminal: one line on stderr, redrawn at
+// most twice a second from rank 0's share (every rank's is the same size,
+// to a sample), cleared when done.
+class ProgressLine {
+ public:
+  ProgressLine(std::string what, bool on) : what_(std::move(what)), on_(on), start_(Clock::now()) {}
+  ~ProgressLine() {
+    if (drawn_) std::fprintf(stderr, "\r\033[K");
+  }
+  EvalProgress callback() {
+    if (!on_) return nullptr;
+    return [this](int64_t done, int64_t share) {
+      const auto now = Clock::now();
+      if (done < share && now - last_ < std::chrono::milliseconds(500)) return;
+      last_ = now;
+      drawn_ = true;
+      std::fprintf(stderr, "\r\033[K%s: %3.0f%% of this rank's %lld samples, %.0f s", what_.c_str(),
+                   share > 0 ? 100.0 * static_cast<double>(done) / static_cast<double>(share) : 100.0,
+                   static_cast<long long>(share), seconds_since(start_));
+      std::fflush(stderr);
+    };
+  }
+
+ private:
+  std::string what_;
+  bool on_;
+  Clock::time_point start_, last_{};
+  bool drawn_ = false;
+};
+
+}  // namespace
 
 Tally evaluate(Task& task, const Dataset& data, Comm& comm, const EvalRun& run) {
   const World& world = comm.world();
@@ -37,6 +73,7 @@ Tally evaluate(Task& task, const Dataset& data, Comm& comm, const EvalRun& run) 
     std::vector<int64_t> ids;
     for (int64_t i = begin; i < std::min(mine.end, begin + run.batch); ++i) ids.push_back(i);
     tally.merge(task.forward(to_device(gather(data, ids), world.device)).tally);
+    if (run.progress) run.progress(ids.back() + 1 - mine.begin, mine.size());
   }
   module->train(was_training);
   tally.unflatten(comm.all_reduce_sum(tally.flatten(), "evaluation metrics"));
@@ -44,9 +81,9 @@ Tally evaluate(Task& task, const Dataset& data, Comm& comm, const EvalRun& run) 
 }
 
 EvalReport evaluate_report(Task& task, const Dataset& data, Comm& comm, const EvalOptions& opts, int64_t step,
-                           Tally* reduced) {
+                           Tally* reduced, const EvalProgress& progress) {
   auto t0 = Clock::now();
-  Tally tally = evaluate(task, data, comm, {opts.batch, opts.max_samples});
+  Tally tally = evaluate(task, data, comm, {opts.batch, opts.max_samples, progress});
   if (reduced) *reduced = tally;
   EvalReport r;
   r.step = step;
@@ -57,20 +94,33 @@ EvalReport evaluate_report(Task& task, const Dataset& data, Comm& comm, const Ev
   return r;
 }
 
-RunSummary evaluate_checkpoint(const Config& cfg, Comm& comm, const RunOptions& run) {
+RunSummary evaluate_checkpoint(const Config& cfg, Comm& comm, const RunOptions& run,
+                               const std::string& confusion_png) {
   COHORT_CHECK(run.resume.has_value(), UsageError, "cohort eval needs a checkpoint");
   auto start = Clock::now();
   const World& world = comm.world();
   seed_rngs(cfg.train.seed, world.rank);
   std::unique_ptr<Task> task = make_task(cfg, world);
   load_model_weights(*task->module(), (std::filesystem::path(run.resume->dir) / "model.safetensors").string());
+  COHORT_CHECK(confusion_png.empty() || !task->confusion(task->empty_tally()).empty(), UsageError,
+               "--plot draws a confusion matrix, and task ", cfg.train.task, " keeps none");
   auto data = task->eval_set(cfg.eval.split);
-  std::shared_ptr<Reporter> reporter = rank_reporter(run, world, /*tensorboard=*/false);
+  std::shared_ptr<Reporter> reporter = rank_reporter(run, world, cfg.log.tensorboard);
   for (const auto& note : run.notes) reporter->message("cohort: " + note);
   Tally tally;
-  EvalReport r = evaluate_report(*task, *data, comm, cfg.eval, run.resume->state.step, &tally);
+  EvalReport r;
+  {
+    ProgressLine progress("eval " + cfg.eval.split, run.live_progress && world.is_main());
+    r = evaluate_report(*task, *data, comm, cfg.eval, run.resume->state.step, &tally, progress.callback());
+  }
   reporter->eval(r);
   if (std::string details = task->eval_details(tally); !details.empty()) reporter->message(details);
+  if (!confusion_png.empty() && world.is_main()) {
+    plot_confusion(confusion_png, task->class_names(), task->confusion(tally),
+                   "confusion matrix: " + cfg.eval.split + " at step " + std::to_string(r.step) + ", " +
+                       std::to_string(r.count) + " samples");
+    reporter->message("cohort: wrote " + confusion_png);
+  }
   RunSummary summary;
   summary.steps = run.resume->state.step;
   summary.final_eval_loss = metric_value(r.metrics, "loss");
@@ -97,6 +147,8 @@ int64_t predict_checkpoint(const Config& cfg, Comm& comm, const RunOptions& run,
   auto module = task->module();
   module->eval();
   torch::NoGradGuard no_grad;
+  ProgressLine line("predict", run.live_progress && world.is_main());
+  auto progress = line.callback();
   for (int64_t begin = mine.begin; begin < mine.end; begin += cfg.eval.batch) {
     std::vector<int64_t> ids;
     for (int64_t i = begin; i < std::min(mine.end, begin + cfg.eval.batch); ++i) ids.push_back(i);
@@ -106,6 +158,7 @@ int64_t predict_checkpoint(const Config& cfg, Comm& comm, const RunOptions& run,
     part.narrow(1, 0, k).copy_(probs);
     part.select(1, k).copy_(batch.count("label") ? batch.at("label").to(torch::kFloat64)
                                                   : torch::full({static_cast<int64_t>(ids.size())}, -1.0, torch::kFloat64));
+    if (progress) progress(ids.back() + 1 - mine.begin, mine.size());
   }
   auto all = comm.all_gather(out, "predictions");
   if (!world.is_main()) return n;
@@ -117,12 +170,16 @@ int64_t predict_checkpoint(const Config& cfg, Comm& comm, const RunOptions& run,
     for (int64_t i = 0; i < s.size(); ++i) {
       const double* row = p + i * (k + 1);
       int64_t best = std::max_element(row, row + k) - row;
-      nlohmann::json probs = nlohmann::json::object();
+      nlohmann::ordered_json probs = nlohmann::ordered_json::object();
       for (int64_t c = 0; c < k; ++c) probs[classes[static_cast<size_t>(c)]] = row[c];
-      nlohmann::json line = {{"index", s.begin + i}, {"label", classes[static_cast<size_t>(best)]},
-                             {"probability", row[best]}, {"probabilities", probs}};
+      // In reading order: which input, what it was, what was predicted.
+      nlohmann::ordered_json line = {{"index", s.begin + i}};
+      for (const auto& [key, value] : task->input_fields(*data, s.begin + i)) line[key] = value;
+      line["label"] = classes[static_cast<size_t>(best)];
+      line["probability"] = row[best];
+      line["probabilities"] = probs;
       if (row[k] >= 0) line["true_label"] = classes[static_cast<size_t>(row[k])];
-      lines += line.dump() + "\n";
+      lines += line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";  // bytes that are not UTF-8 become U+FFFD
     }
   }
   write_file_atomically(output, lines);

@@ -69,6 +69,7 @@ struct RunSummary {
   double final_eval_loss = 0;
   double final_eval_accuracy = 0;
   double seconds = 0;
+  std::string stopped_by;  // why the run ended before total_steps ("early stop: ..."); "": it did not
 };
 
 // What `cohort train` was asked.

@@ -66,18 +66,29 @@ class Task {
   virtual std::string count_metric() const { return "loss"; }
   // Lines for `cohort eval` beyond the metrics (a confusion matrix); "" for none.
   virtual std::string eval_details(const Tally& /*tally*/) const { return ""; }
+  // The confusion matrix in `tally` (rows true, columns predicted, in
+  // class_names() order), for `cohort eval --plot`; empty when the task
+  // keeps none.
+  virtual std::vector<std::vector<double>> confusion(const Tally& /*tally*/) const { return {}; }
 
   // model.init for fine-tuning: true lets the task start from weights that
   // lack its heads (initialised) or hold others (ignored), logged by name.
   virtual bool init_partially() const { return false; }
-  // Files the run directory keeps for this task (name -> contents), e.g.
-  // the label names; written by rank 0 when the run starts.
+  // Files the run directory keeps for this task (name -> contents; a name
+  // may hold a folder), e.g. the label names and the tokenizer that
+  // `cohort export` copies; written by rank 0 when the run starts.
   virtual std::vector<std::pair<std::string, std::string>> run_files() const { return {}; }
 
   // `cohort predict`: the inputs in `path` (labels optional), the class
   // names, and the class probabilities [B, classes] of a batch of them.
   // By default a task cannot predict (UsageError).
   virtual std::shared_ptr<const Dataset> input_set(const std::string& path) const;
+  // What a predict line shows of input `index` of input_set's dataset (its
+  // text, or the id column the user named); nothing by default.
+  virtual std::vector<std::pair<std::string, std::string>> input_fields(const Dataset& /*inputs*/,
+                                                                        int64_t /*index*/) const {
+    return {};
+  }
   virtual std::vector<std::string> class_names() const { return {}; }
   virtual torch::Tensor probabilities(const Example& batch);
 

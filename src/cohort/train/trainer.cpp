@@ -212,6 +212,8 @@ struct Trainer::Parts {
   int64_t last_eval_step = -1;
   int64_t last_ckpt_step = -1;
   std::optional<double> best_value;  // ckpt.best-metric's best so far
+  int64_t best_step = -1;            // where it was reached
+  int64_t evals_since_best = 0;      // train.early-stop-patience counts these
   std::string last_eval_text;  // "; test:  accuracy 0.8873  loss 0.3089"
   RunSummary summary;
   torch::Tensor rng_mark;       // this rank's generator at the last step boundary (elastic handover)
@@ -245,6 +247,7 @@ struct Trainer::Parts {
   void check_best_metric() const;
   bool eval_due(const StepBatch& batch) const;
   bool stop_agreed();
+  bool early_stop();
   void save_checkpoint();
   RunSummary end();
   bool due(int64_t every) const { return every > 0 && state.step % every == 0; }
@@ -473,18 +476,22 @@ void Trainer::Parts::report_membership() {
 // dir touched.
 void Trainer::Parts::open_outputs() {
   RunDir dir(run.out_dir);
-  std::vector<double> best = {0.0, 0.0};  // rank 0's: has one, its value
+  std::vector<double> best = {0.0, 0.0, -1.0};  // rank 0's: has one, its value, its step
   on_main_then_agree(comm, "run directory set-up", [&] {
     run_lock = dir.lock(run.job_id, cfg.dist.timeout, run.mode(), run.notes);
     for (auto& note : dir.prepare(run.mode(), run.config_toml, state.step)) run.notes.push_back(note);
-    for (const auto& [name, text] : task->run_files()) write_file_atomically((fs::path(run.out_dir) / name).string(), text);
+    for (const auto& [name, text] : task->run_files()) {
+      const fs::path file = fs::path(run.out_dir) / name;
+      fs::create_directories(file.parent_path());
+      write_file_atomically(file.string(), text);
+    }
     if (run.from_peers && run.handover) complete_records(*run.handover);
     auto b = Checkpoints::best(run.out_dir);
-    if ((run.resume || run.from_peers) && b.step >= 0 && b.metric == cfg.ckpt.best_metric) best = {1.0, b.value};
+    if ((run.resume || run.from_peers) && b.step >= 0 && b.metric == cfg.ckpt.best_metric) best = {1.0, b.value, static_cast<double>(b.step)};
   });
   // Every rank needs the best so far: keep_best's decision is collective.
   best = comm.all_reduce_sum(best, "best checkpoint so far");
-  if (best[0] > 0) best_value = best[1];
+  if (best[0] > 0) best_value = best[1], best_step = static_cast<int64_t>(best[2]);
   reporter = rank_reporter(run, world, cfg.log.tensorboard);
   if (world.is_main() && run.from_peers && run.handover) {
     const Handover& held = *run.handover;
@@ -672,8 +679,13 @@ void Trainer::Parts::keep_best(const EvalReport& r) {
   if (it == r.metrics.end()) return;  // checked at start-up
   const bool lower = name.find("loss") != std::string::npos;
   const double v = it->second;
-  if (best_value && (lower ? v >= *best_value : v <= *best_value)) return;
+  if (best_value && (lower ? v >= *best_value : v <= *best_value)) {
+    ++evals_since_best;
+    return;
+  }
   best_value = v;
+  best_step = state.step;
+  evals_since_best = 0;
   save_checkpoint();
   if (world.is_main()) {
     checkpoints->mark_best(state.step, name, v);
@@ -701,6 +713,19 @@ bool Trainer::Parts::stop_agreed() {
   return stop;
 }
 
+// train.early-stop-patience: every rank saw the same reduced metrics, so
+// every rank takes the same decision, without a collective.
+bool Trainer::Parts::early_stop() {
+  const int64_t patience = cfg.train.early_stop_patience;
+  if (patience == 0 || evals_since_best < patience || state.step == total_steps) return false;
+  summary.stopped_by = strf("early stop: %s did not improve for %lld evaluations (best %.4f at step %lld)",
+                            cfg.ckpt.best_metric.c_str(), static_cast<long long>(patience), best_value.value_or(0.0),
+                            static_cast<long long>(best_step));
+  reporter->message(strf("cohort: %s at step %lld; the best checkpoint is kept (checkpoints/best.json)",
+                         summary.stopped_by.c_str(), static_cast<long long>(state.step)));
+  return true;
+}
+
 void Trainer::Parts::save_checkpoint() {
   if (last_ckpt_step == state.step) return;  // already written this step (ckpt.best-metric)
   last_ckpt_step = state.step;
@@ -720,8 +745,9 @@ RunSummary Trainer::Parts::end() {
   if (run_lock) run_lock->release();
   summary.steps = state.step;
   summary.seconds = seconds_since(start);
-  reporter->message(strf("cohort: done: %lld steps in %s%s", static_cast<long long>(state.step - start_step),
-                         format_duration(summary.seconds).c_str(), last_eval_text.c_str()));
+  reporter->message(strf("cohort: done: %lld steps in %s%s%s", static_cast<long long>(state.step - start_step),
+                         format_duration(summary.seconds).c_str(), last_eval_text.c_str(),
+                         summary.stopped_by.empty() ? "" : ("; " + summary.stopped_by).c_str()));
   return summary;
 }
 
@@ -742,6 +768,10 @@ RunSummary Trainer::run() {
     if (p.line_due()) p.log_train(batch.cursor.epoch);
     if (p.eval_due(batch)) p.run_eval();
     bool stop = p.stop_agreed();
+    if (p.early_stop()) {
+      if (!p.line_due()) p.log_train(batch.cursor.epoch);  // the run's last step has its line
+      stop = true;
+    }
     if (p.due(p.cfg.ckpt.every_steps) || last || stop) p.save_checkpoint();
     if (stop) break;
     p.admit_joiners();

@@ -18,6 +18,7 @@
 #include "cohort/data/text_classify.hpp"
 #include "cohort/distributed/world.hpp"
 #include "cohort/model/bert.hpp"
+#include "cohort/text/hf_tokenizer.hpp"
 #include "cohort/text/wordpiece.hpp"
 #include "cohort/train/tasks/registry.hpp"
 
@@ -29,13 +30,14 @@ namespace fs = std::filesystem;
 namespace F = torch::nn::functional;
 
 // data.vocab, else DIR/vocab.txt, else the vocab.txt beside model.init (a
-// Hugging Face directory, an export).
+// Hugging Face directory, an export) or kept in its run (tokenizer/).
 std::string find_vocab(const Config& cfg) {
   if (!cfg.data.vocab.empty()) return cfg.data.vocab;
   std::vector<fs::path> tried = {fs::path(cfg.data.path) / "vocab.txt"};
   if (!cfg.model.init.empty()) {
     fs::path init(cfg.model.init);
     tried.push_back((fs::is_directory(init) ? init : init.parent_path()) / "vocab.txt");
+    tried.push_back(init / "tokenizer" / "vocab.txt");  // a Cohort run keeps the one it trained with
     tried.push_back(init / "export" / "vocab.txt");
   }
   std::string list;
@@ -56,9 +58,10 @@ std::string cell_name(int64_t truth, int64_t predicted) {
 class BertClassifyTask : public Task {
  public:
   BertClassifyTask(const Config& cfg, const World& world)
-      : dir_(cfg.data.path), device_(world.device) {
-    tokenizer_ = std::make_unique<text::WordPiece>(text::Vocab::load(find_vocab(cfg)), text::TokenizerOptions{cfg.data.lowercase});
-    opts_.columns = {cfg.data.text_column, cfg.data.text_pair_column, cfg.data.label_column};
+      : dir_(cfg.data.path), vocab_path_(find_vocab(cfg)), lowercase_(cfg.data.lowercase), device_(world.device) {
+    tokenizer_ = std::make_unique<text::WordPiece>(text::Vocab::load(vocab_path_), text::TokenizerOptions{lowercase_});
+    opts_.columns = {cfg.data.text_column, cfg.data.text_pair_column, cfg.data.label_column, ""};
+    id_column_ = cfg.data.id_column;
     opts_.max_seq_length = cfg.data.max_seq_length;
     if (!cfg.data.labels.empty()) {
       labels_ = LabelSet::from_json(read_file(cfg.data.labels), cfg.data.labels);  // the train split loads when needed
@@ -72,6 +75,7 @@ class BertClassifyTask : public Task {
                  " is smaller than the vocabulary's ", tokenizer_->vocab().size(), " tokens");
     COHORT_CHECK(cfg.data.max_seq_length <= bc.max_positions, ConfigError, "data.max-seq-length ",
                  cfg.data.max_seq_length, " exceeds model.max-positions ", bc.max_positions);
+    max_positions_ = bc.max_positions;
     model_ = BertForClassification(bc, labels().size());
     model_->to(device_);
   }
@@ -105,11 +109,21 @@ class BertClassifyTask : public Task {
   std::shared_ptr<const Dataset> input_set(const std::string& path) const override {
     TextClassifyOptions o = opts_;
     o.require_labels = false;
+    o.keep_inputs = true;
+    o.columns.id = id_column_;
     return std::make_shared<TextClassification>(path, *tokenizer_, o, labels());
+  }
+  std::vector<std::pair<std::string, std::string>> input_fields(const Dataset& inputs, int64_t index) const override {
+    const auto* rows = dynamic_cast<const TextClassification*>(&inputs);
+    return rows ? rows->inputs(index) : std::vector<std::pair<std::string, std::string>>{};
   }
   std::vector<std::string> class_names() const override { return labels().names(); }
   std::vector<std::pair<std::string, std::string>> run_files() const override {
-    return {{"labels.json", labels().to_json()}};
+    // The tokenizer the run trains with, for `cohort export`.
+    std::vector<std::pair<std::string, std::string>> files = {{"labels.json", labels().to_json()}};
+    for (auto& [name, text] : text::hf_tokenizer_files(read_file(vocab_path_), lowercase_, max_positions_))
+      files.emplace_back((fs::path(text::kTokenizerDir) / name).string(), std::move(text));
+    return files;
   }
 
   Units count_units(const Example& b) const override {
@@ -153,6 +167,15 @@ class BertClassifyTask : public Task {
     out.emplace_back("macro_f1", used ? sum / used : 0.0);
     for (const auto& [name, value] : f1) out.emplace_back("f1/" + name, std::max(0.0, value));
     return out;
+  }
+
+  std::vector<std::vector<double>> confusion(const Tally& tally) const override {
+    const int64_t k = labels().size();
+    std::vector<std::vector<double>> m(static_cast<size_t>(k), std::vector<double>(static_cast<size_t>(k)));
+    for (int64_t t = 0; t < k; ++t)
+      for (int64_t p = 0; p < k; ++p)
+        if (tally.has(cell_name(t, p))) m[static_cast<size_t>(t)][static_cast<size_t>(p)] = tally.sum(cell_name(t, p));
+    return m;
   }
 
   std::string eval_details(const Tally& tally) const override {
@@ -205,6 +228,10 @@ class BertClassifyTask : public Task {
   }
 
   std::string dir_;
+  std::string vocab_path_;
+  std::string id_column_;  // data.id-column
+  bool lowercase_ = true;
+  int64_t max_positions_ = 512;
   c10::Device device_;
   std::unique_ptr<text::WordPiece> tokenizer_;
   TextClassifyOptions opts_;

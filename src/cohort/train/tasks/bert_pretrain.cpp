@@ -13,7 +13,9 @@
 #include "cohort/data/bert_shards.hpp"
 #include "cohort/data/manifest.hpp"
 #include "cohort/distributed/world.hpp"
+#include "cohort/core/files.hpp"
 #include "cohort/model/bert.hpp"
+#include "cohort/text/hf_tokenizer.hpp"
 #include "cohort/train/tasks/registry.hpp"
 
 namespace cohort {
@@ -30,6 +32,16 @@ class BertPretrainTask : public Task {
     int64_t data_vocab = data_vocab_size(dir_);
     BertConfig bc = BertConfig::from(cfg.model, data_vocab);
     check_against_data(bc, data_vocab);
+    max_positions_ = bc.max_positions;
+    // The data's vocabulary and case, kept in the run for `cohort export`;
+    // shards made elsewhere (NVIDIA's) may come without one.
+    if (!cfg.data.vocab.empty()) {
+      vocab_path_ = cfg.data.vocab;
+    } else if (auto beside = std::filesystem::path(dir_) / "vocab.txt"; std::filesystem::exists(beside)) {
+      vocab_path_ = beside.string();
+    }
+    auto manifest = read_manifest(dir_);
+    lowercase_ = manifest && manifest->lowercase ? *manifest->lowercase : cfg.data.lowercase;
     model_ = BertForPretraining(bc);
     model_->to(device_);
   }
@@ -41,6 +53,14 @@ class BertPretrainTask : public Task {
   std::string count_metric() const override { return "nsp_loss"; }
   std::vector<std::string> metric_names() const override {
     return {"mlm_accuracy", "mlm_loss", "nsp_accuracy", "nsp_loss"};
+  }
+
+  std::vector<std::pair<std::string, std::string>> run_files() const override {
+    std::vector<std::pair<std::string, std::string>> files;
+    if (vocab_path_.empty()) return files;
+    for (auto& [name, text] : text::hf_tokenizer_files(read_file(vocab_path_), lowercase_, max_positions_))
+      files.emplace_back((std::filesystem::path(text::kTokenizerDir) / name).string(), std::move(text));
+    return files;
   }
 
   std::shared_ptr<const Dataset> eval_set(const std::string& split) const override {
@@ -113,6 +133,9 @@ class BertPretrainTask : public Task {
   }
 
   std::string dir_;
+  std::string vocab_path_;  // "": none known
+  bool lowercase_ = true;
+  int64_t max_positions_ = 512;
   BertShardsOptions shard_opts_;
   std::shared_ptr<BertShards> train_;
   c10::Device device_;
