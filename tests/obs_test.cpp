@@ -191,7 +191,7 @@ TEST(Plot, DrawsAPngOfARealRun) {
   // the whole learning-rate schedule (warm-up included) from step 0.
   std::string script = read_file(tmp / "run/.plot/plot.gp");
   for (const char* want : {"set ylabel 'loss (cross-entropy)'", "set title 'accuracy'", "set ylabel 'images/s'",
-                           "title 'schedule'", "set xrange [0:16]", "set key below"}) {
+                           "title 'schedule'", "set xrange [0:17]", "set key outside"}) {
     EXPECT_NE(script.find(want), std::string::npos) << want << " in\n" << script;
   }
   EXPECT_EQ(script.find("units/s"), std::string::npos) << script;

@@ -180,15 +180,18 @@ std::string plot_run(const std::string& run_dir, const PlotOptions& options) {
   gp << "set terminal pngcairo noenhanced size 1400," << 380 * rows << " font ',10'\nset output '" << png << "'\n"
      << "set multiplot layout " << rows << ",2 title 'cohort run: " << fs::path(run_dir).filename().string()
      << "' font ',12'\n"
-     << "set grid\nset key below horizontal\nset xlabel 'step'\nset xrange [0:" << last_step << "]\n"
+     << "set grid\nset key outside right top vertical\nset xlabel 'step'\nset xrange [0:"
+     << std::max<int64_t>(1, last_step + (last_step + 24) / 25) << "]\n"
      << "set style line 1 lc rgb '#1f77b4' lw 1.5\nset style line 2 lc rgb '#d62728' lw 1.5 pt 7 ps 0.9\n";
   // A panel: the train column as a line, the eval column as points joined
   // (a single eval point is a marked point with its value beside it).
+  // Few train lines (a short run): each one marked, or a single one would not show.
+  const std::string train_style = train.steps.size() < 20 ? "linespoints ls 1 pt 7 ps 0.5" : "lines ls 1";
   auto panel = [&](const std::string& title, const std::string& ylabel, const std::string& name) {
     gp << "set title '" << title << "'\nset ylabel '" << ylabel << "'\nset autoscale y\nunset label\n";
     std::vector<std::string> parts;
     if (tc.count(name))
-      parts.push_back(quoted(train_dat) + " using 1:" + std::to_string(tc[name]) + " with lines ls 1 title 'train'");
+      parts.push_back(quoted(train_dat) + " using 1:" + std::to_string(tc[name]) + " with " + train_style + " title 'train'");
     if (ec.count(name)) {
       parts.push_back(quoted(eval_dat) + " using 1:" + std::to_string(ec[name]) + " with linespoints ls 2 title 'eval (" +
                       eval_split + ")'");
@@ -215,7 +218,7 @@ std::string plot_run(const std::string& run_dir, const PlotOptions& options) {
      << "set format y '% h'\n";
   const std::string rate = train.has(unit + "_per_s") ? unit + "_per_s" : "tokens_per_s";
   gp << "set title 'throughput'\nset ylabel '" << unit << "/s'\nset yrange [0:*]\nplot " << quoted(train_dat)
-     << " using 1:" << tc[rate] << " with lines ls 1 title '" << unit << "/s, all ranks'\n";
+     << " using 1:" << tc[rate] << " with " << train_style << " title 'all ranks'\n";
   if (!f1.empty()) {
     gp << "set title 'per-class F1 at step " << eval.steps.back() << " (" << eval_split << ", " << f1.size()
        << " classes, best first)'\nset ylabel 'F1'\nset xlabel ''\nset yrange [0:1]\nset xrange [-1:" << f1.size()
