@@ -64,6 +64,19 @@ bool is_quality(const std::string& name) {
 
 std::string quoted(const fs::path& p) { return "'" + p.string() + "'"; }
 
+// Writes `script` to `file` (kept, to restyle) and runs gnuplot on it;
+// returns `png`, which it must have drawn.
+std::string run_gnuplot(const std::string& script, const fs::path& file, const std::string& png) {
+  std::ofstream(file) << script;
+  COHORT_CHECK(std::system("command -v gnuplot >/dev/null 2>&1") == 0, Error,
+               "gnuplot is not installed (apt-get install gnuplot-nox)");
+  const fs::path err = file.parent_path() / "gnuplot.err";
+  std::string cmd = "gnuplot '" + file.string() + "' 2>'" + err.string() + "'";
+  int rc = std::system(cmd.c_str());
+  COHORT_CHECK(rc == 0 && fs::exists(png), Error, "gnuplot failed drawing ", png, " (see ", err.string(), ")");
+  return png;
+}
+
 // "mlm_accuracy" -> "MLM accuracy", for titles and axis labels.
 std::string readable(const std::string& name) {
   std::string out;
@@ -226,15 +239,7 @@ std::string plot_run(const std::string& run_dir, const PlotOptions& options) {
        << "'\nunset key\nplot " << quoted(f1_dat) << " using 1:3:xtic(2) with boxes lc rgb '#1f77b4' notitle\n";
   }
   gp << "unset multiplot\n";
-  std::ofstream(work / "plot.gp") << gp.str();
-
-  COHORT_CHECK(std::system("command -v gnuplot >/dev/null 2>&1") == 0, Error,
-               "gnuplot is not installed (apt-get install gnuplot-nox)");
-  std::string cmd = "gnuplot '" + (work / "plot.gp").string() + "' 2>'" + (work / "gnuplot.err").string() + "'";
-  int rc = std::system(cmd.c_str());
-  COHORT_CHECK(rc == 0 && fs::exists(png), Error, "gnuplot failed drawing ", png, " (see ",
-               (work / "gnuplot.err").string(), ")");
-  return png;
+  return run_gnuplot(gp.str(), work / "plot.gp", png);
 }
 
 std::string plot_confusion(const std::string& png, const std::vector<std::string>& names,
@@ -275,14 +280,7 @@ std::string plot_confusion(const std::string& png, const std::vector<std::string
      << "set view map\nunset key\nplot '" << dat.string() << "' using 2:1:3 with image";
   if (k <= 20) gp << ", '' using 2:1:(sprintf('%d', $4)) with labels tc rgb '#444444'";
   gp << "\n";
-  std::ofstream(work / "confusion.gp") << gp.str();
-  COHORT_CHECK(std::system("command -v gnuplot >/dev/null 2>&1") == 0, Error,
-               "gnuplot is not installed (apt-get install gnuplot-nox)");
-  std::string cmd = "gnuplot '" + (work / "confusion.gp").string() + "' 2>'" + (work / "gnuplot.err").string() + "'";
-  int rc = std::system(cmd.c_str());
-  COHORT_CHECK(rc == 0 && fs::exists(png), Error, "gnuplot failed drawing ", png, " (see ",
-               (work / "gnuplot.err").string(), ")");
-  return png;
+  return run_gnuplot(gp.str(), work / "confusion.gp", png);
 }
 
 }  // namespace cohort
