@@ -121,7 +121,9 @@ std::string unknown_option(const CLI::App& sub, int argc, char** argv) {
 // What a user of torchrun, Hugging Face Trainer or DeepSpeed meant by
 // `option`, in Cohort's spelling; "" when nothing is near.
 std::string option_hint(const CLI::App& sub, const std::string& option) {
-  std::string name = option.substr(option.find_first_not_of('-'));
+  const auto start = option.find_first_not_of('-');
+  if (start == std::string::npos) return "";  // "--", "---": nothing to match
+  std::string name = option.substr(start);
   std::string dashed = name;
   std::replace(dashed.begin(), dashed.end(), '_', '-');
   static const std::map<std::string, std::string> foreign = {
@@ -131,7 +133,7 @@ std::string option_hint(const CLI::App& sub, const std::string& option) {
       {"resume-from-checkpoint", "--resume"}, {"bf16", "--train.precision bf16"},
       {"fp16", "--train.precision fp16"}, {"fp32", "--train.precision fp32"},
       {"nproc", "--nproc-per-node"},    {"gpus", "--nproc-per-node"},
-      {"world-size", "--distributed-world-size"}, {"local-rank", "--node-rank (ranks are numbered for you)"},
+      {"world-size", "--distributed-world-size"},
       {"overwrite-output-dir", "--overwrite"}, {"config-file", "--config"},
   };
   if (auto it = foreign.find(dashed); it != foreign.end()) {
@@ -442,6 +444,7 @@ int cli_main(int argc, char** argv) {
     }
     if (exporter->parsed()) {
       ExportResult r = export_model(export_path, export_out);
+      for (const auto& w : r.warnings) std::fprintf(stderr, "cohort: warning: %s\n", w.c_str());
       for (const auto& note : r.notes) std::fprintf(stderr, "cohort: note: %s\n", note.c_str());
       std::printf("cohort: wrote %s: %s\n", r.dir.c_str(), detail::join(r.files, ", ").c_str());
       if (!r.hf_class.empty())

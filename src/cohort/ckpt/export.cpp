@@ -78,9 +78,10 @@ void write_tokenizer(const ExportSource& s, const std::string& out_dir, ExportRe
   }
   fs::path vocab = s.cfg.data.vocab.empty() ? fs::path(s.cfg.data.path) / "vocab.txt" : fs::path(s.cfg.data.vocab);
   if (!fs::exists(vocab)) {
-    result.notes.push_back("no vocabulary is known for this run (" + kept.string() + " and " + vocab.string() +
-                           " do not exist; shards made elsewhere, as NVIDIA's, come without one): the export has no "
-                           "tokenizer files; copy the vocab.txt the data was made with into " + out_dir);
+    result.notes.push_back("no vocabulary is known for this run (" + (s.run_dir.empty() ? std::string("no run beside the checkpoint") : kept.string() + " does not exist") +
+                           ", nor " + vocab.string() +
+                           (s.cfg.train.task == "bert-pretrain" ? "; shards made elsewhere, as NVIDIA's, come without one" : "") +
+                           "): the export has no tokenizer files; copy the vocab.txt the model was trained with into " + out_dir);
     return;
   }
   bool lowercase = s.cfg.data.lowercase;
@@ -109,16 +110,16 @@ void export_bert_pretrain(const ExportSource& s, const std::string& out_dir, Exp
 void export_bert_classify(const ExportSource& s, const std::string& out_dir, ExportResult& result) {
   const int64_t classes = tensor(s, "classifier.weight").size(0);
   // The label names, in id order: the run's labels.json (or data.labels).
-  fs::path labels_file = fs::path(s.run_dir) / "labels.json";
-  if (!fs::exists(labels_file) && !s.cfg.data.labels.empty()) labels_file = s.cfg.data.labels;
+  fs::path labels_file = s.run_dir.empty() ? fs::path() : fs::path(s.run_dir) / "labels.json";
+  if ((labels_file.empty() || !fs::exists(labels_file)) && !s.cfg.data.labels.empty()) labels_file = s.cfg.data.labels;
   std::vector<std::string> names;
-  if (fs::exists(labels_file)) {
+  if (!labels_file.empty() && fs::exists(labels_file)) {
     names = LabelSet::from_json(read_file(labels_file.string()), labels_file.string()).names();
     COHORT_CHECK(static_cast<int64_t>(names.size()) == classes, DataError, labels_file.string(), " names ",
                  names.size(), " labels but the classifier has ", classes, " classes");
   } else {
     for (int64_t i = 0; i < classes; ++i) names.push_back("LABEL_" + std::to_string(i));
-    result.notes.push_back("no labels.json beside the checkpoint: the labels are named LABEL_0..LABEL_" +
+    result.notes.push_back("no labels.json for this checkpoint: the labels are named LABEL_0..LABEL_" +
                            std::to_string(classes - 1));
   }
   write_weights(s, NamedTensors(s.weights.tensors.begin(), s.weights.tensors.end()), out_dir, result);
@@ -168,7 +169,12 @@ ExportResult export_model(const std::string& path, const std::string& requested_
   std::vector<std::string> warnings;
   ExportSource source;
   source.checkpoint_dir = Checkpoints::resolve(path, &warnings).dir;  // verified
-  source.run_dir = Checkpoints::run_dir_of(source.checkpoint_dir);
+  // The run's own files (tokenizer/, labels.json) only for a checkpoint
+  // still in its run: one copied out of it has no run beside it.
+  fs::path ckpt = fs::path(source.checkpoint_dir).lexically_normal();
+  if (!ckpt.has_filename()) ckpt = ckpt.parent_path();  // a trailing '/'
+  const bool in_run = ckpt.parent_path().filename() == "checkpoints";
+  source.run_dir = in_run ? Checkpoints::run_dir_of(source.checkpoint_dir) : "";
   source.cfg = load_config((fs::path(source.checkpoint_dir) / "config.toml").string());
   const auto known = exporters().names();
   COHORT_CHECK(std::find(known.begin(), known.end(), source.cfg.train.task) != known.end(), ConfigError,
@@ -179,11 +185,13 @@ ExportResult export_model(const std::string& path, const std::string& requested_
   source.weights = load_safetensors((fs::path(source.checkpoint_dir) / "model.safetensors").string());
 
   ExportResult result;
-  result.dir = requested_out.empty() ? (fs::path(source.run_dir) / "export").string() : requested_out;
-  result.notes = warnings;
+  result.dir = !requested_out.empty() ? requested_out
+               : in_run                 ? (fs::path(source.run_dir) / "export").string()
+                                        : (fs::path(source.checkpoint_dir) / "export").string();
+  result.warnings = warnings;
   std::error_code ec;
-  COHORT_CHECK(!fs::exists(result.dir, ec) || fs::is_directory(result.dir, ec), UsageError, "--out ", result.dir,
-               " is a file, not a directory");
+  COHORT_CHECK(!fs::exists(result.dir, ec) || fs::is_directory(result.dir, ec), UsageError, result.dir,
+               " is a file, not a directory", requested_out.empty() ? " (name another with --out DIR)" : "");
   fs::create_directories(result.dir);
   exporters().get(source.cfg.train.task)(source, result.dir, result);
   return result;

@@ -36,7 +36,8 @@ struct ExportResult {
   std::string dir;                 // the directory written
   std::string hf_class;            // the Hugging Face class that loads it; "" when none
   std::vector<std::string> files;  // the file names written, in order
-  std::vector<std::string> notes;  // what the user should know (no tokenizer, no HF class)
+  std::vector<std::string> warnings;  // newer checkpoints skipped as broken
+  std::vector<std::string> notes;     // what the user should know (no tokenizer, no HF class)
 };
 
 // Writes the export of one task into `out_dir` (which exists) and records

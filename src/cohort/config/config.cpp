@@ -333,7 +333,8 @@ std::string closest_key(const std::string& name) {
       {"metric-for-best-model", "ckpt.best-metric"}, {"per-device-train-batch-size", "data.global-batch"},
       {"train-batch-size", "data.global-batch"}, {"per-device-eval-batch-size", "eval.batch"},
       {"dataloader-num-workers", "data.workers"}, {"max-seq-length", "data.max-seq-length"},
-      {"device", "train.device"},
+      {"device", "train.device"},           {"batch", "data.global-batch"},
+      {"batch-size", "data.global-batch"},
       {"precision", "train.precision"},     {"model-name-or-path", "model.init"},
   };
   static const std::map<std::string, std::string> foreign_sections = {
@@ -346,7 +347,7 @@ std::string closest_key(const std::string& name) {
   const std::string key = dot == std::string::npos ? dashed : dashed.substr(dot + 1);
   if (auto it = foreign_sections.find(section); it != foreign_sections.end() && known(it->second + "." + key))
     return it->second + "." + key;
-  if (auto it = foreign_keys.find(key); it != foreign_keys.end()) return it->second;
+  if (auto it = foreign_keys.find(key); it != foreign_keys.end() && known(it->second)) return it->second;
   if (known(dashed)) return dashed;
   // A key given without its section: --seed, --max-steps.
   std::string only;

@@ -18,6 +18,8 @@ namespace cohort {
 
 namespace fs = std::filesystem;
 
+bool gnuplot_available() { return std::system("command -v gnuplot >/dev/null 2>&1") == 0; }
+
 namespace {
 
 // Numeric fields by step, in the order read.
@@ -62,16 +64,28 @@ bool is_quality(const std::string& name) {
   return name.find("accuracy") != std::string::npos || name == "macro_f1";
 }
 
-std::string quoted(const fs::path& p) { return "'" + p.string() + "'"; }
+// A gnuplot single-quoted string: a quote inside is doubled.
+std::string gq(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("''") : std::string(1, c);
+  return out + "'";
+}
+std::string quoted(const fs::path& p) { return gq(p.string()); }
+
+// A shell single-quoted word.
+std::string shell_quoted(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
 
 // Writes `script` to `file` (kept, to restyle) and runs gnuplot on it;
 // returns `png`, which it must have drawn.
 std::string run_gnuplot(const std::string& script, const fs::path& file, const std::string& png) {
   std::ofstream(file) << script;
-  COHORT_CHECK(std::system("command -v gnuplot >/dev/null 2>&1") == 0, Error,
-               "gnuplot is not installed (apt-get install gnuplot-nox)");
+  COHORT_CHECK(gnuplot_available(), Error, "gnuplot is not installed (apt-get install gnuplot-nox)");
   const fs::path err = file.parent_path() / "gnuplot.err";
-  std::string cmd = "gnuplot '" + file.string() + "' 2>'" + err.string() + "'";
+  std::string cmd = "gnuplot " + shell_quoted(file.string()) + " 2>" + shell_quoted(err.string());
   int rc = std::system(cmd.c_str());
   COHORT_CHECK(rc == 0 && fs::exists(png), Error, "gnuplot failed drawing ", png, " (see ", err.string(), ")");
   return png;
@@ -174,6 +188,7 @@ std::string plot_run(const std::string& run_dir, const PlotOptions& options) {
     for (size_t i = 0; i < f1.size(); ++i) {
       std::string label = f1[i].second;
       std::replace(label.begin(), label.end(), '"', '\'');
+      std::replace(label.begin(), label.end(), '\\', '/');
       out << i << " \"" << label << "\" " << f1[i].first << '\n';
     }
   }
@@ -190,9 +205,9 @@ std::string plot_run(const std::string& run_dir, const PlotOptions& options) {
   const int rows = (panels + 1) / 2;
   const int64_t last_step = std::max(train.steps.back(), eval.steps.empty() ? int64_t{0} : eval.steps.back());
   std::ostringstream gp;
-  gp << "set terminal pngcairo noenhanced size 1400," << 380 * rows << " font ',10'\nset output '" << png << "'\n"
-     << "set multiplot layout " << rows << ",2 title 'cohort run: " << fs::path(run_dir).filename().string()
-     << "' font ',12'\n"
+  gp << "set terminal pngcairo noenhanced size 1400," << 380 * rows << " font ',10'\nset output " << gq(png) << "\n"
+     << "set multiplot layout " << rows << ",2 title " << gq("cohort run: " + fs::path(run_dir).filename().string())
+     << " font ',12'\n"
      << "set grid\nset key outside right top vertical\nset xlabel 'step'\nset xrange [0:"
      << std::max<int64_t>(1, last_step + (last_step + 24) / 25) << "]\n"
      << "set style line 1 lc rgb '#1f77b4' lw 1.5\nset style line 2 lc rgb '#d62728' lw 1.5 pt 7 ps 0.9\n";
@@ -201,13 +216,13 @@ std::string plot_run(const std::string& run_dir, const PlotOptions& options) {
   // Few train lines (a short run): each one marked, or a single one would not show.
   const std::string train_style = train.steps.size() < 20 ? "linespoints ls 1 pt 7 ps 0.5" : "lines ls 1";
   auto panel = [&](const std::string& title, const std::string& ylabel, const std::string& name) {
-    gp << "set title '" << title << "'\nset ylabel '" << ylabel << "'\nset autoscale y\nunset label\n";
+    gp << "set title " << gq(title) << "\nset ylabel " << gq(ylabel) << "\nset autoscale y\nunset label\n";
     std::vector<std::string> parts;
     if (tc.count(name))
       parts.push_back(quoted(train_dat) + " using 1:" + std::to_string(tc[name]) + " with " + train_style + " title 'train'");
     if (ec.count(name)) {
-      parts.push_back(quoted(eval_dat) + " using 1:" + std::to_string(ec[name]) + " with linespoints ls 2 title 'eval (" +
-                      eval_split + ")'");
+      parts.push_back(quoted(eval_dat) + " using 1:" + std::to_string(ec[name]) + " with linespoints ls 2 title " +
+                      gq("eval (" + eval_split + ")"));
       // The last evaluation's value, written beside its point.
       for (size_t i = eval.steps.size(); i-- > 0;) {
         auto it = eval.values[i].find(name);
@@ -230,11 +245,12 @@ std::string plot_run(const std::string& run_dir, const PlotOptions& options) {
   gp << quoted(train_dat) << " using 1:" << tc["lr"] << " with points ls 1 pt 7 ps 0.6 title 'logged'\n"
      << "set format y '% h'\n";
   const std::string rate = train.has(unit + "_per_s") ? unit + "_per_s" : "tokens_per_s";
-  gp << "set title 'throughput'\nset ylabel '" << unit << "/s'\nset yrange [0:*]\nplot " << quoted(train_dat)
+  gp << "set title 'throughput'\nset ylabel " << gq(unit + "/s") << "\nset yrange [0:*]\nplot " << quoted(train_dat)
      << " using 1:" << tc[rate] << " with " << train_style << " title 'all ranks'\n";
   if (!f1.empty()) {
-    gp << "set title 'per-class F1 at step " << eval.steps.back() << " (" << eval_split << ", " << f1.size()
-       << " classes, best first)'\nset ylabel 'F1'\nset xlabel ''\nset yrange [0:1]\nset xrange [-1:" << f1.size()
+    gp << "set title " << gq("per-class F1 at step " + std::to_string(eval.steps.back()) + " (" + eval_split + ", " +
+                              std::to_string(f1.size()) + " classes, best first)")
+       << "\nset ylabel 'F1'\nset xlabel ''\nset yrange [0:1]\nset xrange [-1:" << f1.size()
        << "]\nset style fill solid 0.7\nset boxwidth 0.8\nset xtics rotate by 90 right font '," << (f1.size() > 20 ? 6 : 8)
        << "'\nunset key\nplot " << quoted(f1_dat) << " using 1:3:xtic(2) with boxes lc rgb '#1f77b4' notitle\n";
   }
@@ -262,22 +278,18 @@ std::string plot_confusion(const std::string& png, const std::vector<std::string
   }
   auto tics = [&] {
     std::string out = "(";
-    for (size_t i = 0; i < k; ++i) {
-      std::string n = names[i];
-      std::replace(n.begin(), n.end(), '"', '\'');
-      out += (i ? ", \"" : "\"") + n + "\" " + std::to_string(i);
-    }
+    for (size_t i = 0; i < k; ++i) out += (i ? ", " : "") + gq(names[i]) + " " + std::to_string(i);
     return out + ")";
   };
   const int side = static_cast<int>(std::clamp<size_t>(300 + 22 * k, 600, 1600));
   const int font = k > 30 ? 6 : k > 15 ? 8 : 10;
   std::ostringstream gp;
   gp << "set terminal pngcairo noenhanced size " << side + 150 << "," << side << " font '," << font << "'\n"
-     << "set output '" << png << "'\nset title '" << title << "' font '," << font + 3 << "'\n"
+     << "set output " << gq(png) << "\nset title " << gq(title) << " font '," << font + 3 << "'\n"
      << "set xlabel 'predicted'\nset ylabel 'true'\nset xrange [-0.5:" << k - 0.5 << "]\nset yrange [" << k - 0.5
      << ":-0.5]\nset xtics " << tics() << " rotate by 90 right\nset ytics " << tics() << "\nset cbrange [0:1]\n"
      << "set cblabel 'share of the true class'\nset palette defined (0 '#ffffff', 0.2 '#c6dbef', 1 '#08306b')\n"
-     << "set view map\nunset key\nplot '" << dat.string() << "' using 2:1:3 with image";
+     << "set view map\nunset key\nplot " << quoted(dat) << " using 2:1:3 with image";
   if (k <= 20) gp << ", '' using 2:1:(sprintf('%d', $4)) with labels tc rgb '#444444'";
   gp << "\n";
   return run_gnuplot(gp.str(), work / "confusion.gp", png);

@@ -8,6 +8,9 @@
 
 namespace cohort {
 
+// Whether `gnuplot` is on the PATH (what plot_run and plot_confusion run).
+bool gnuplot_available();
+
 struct PlotOptions {
   std::string output;  // the PNG; "": RUN_DIR/plots.png
   // The run's learning-rate schedule, lr(step) for steps 0..total_steps-1,

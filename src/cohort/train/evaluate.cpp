@@ -104,6 +104,8 @@ RunSummary evaluate_checkpoint(const Config& cfg, Comm& comm, const RunOptions& 
   load_model_weights(*task->module(), (std::filesystem::path(run.resume->dir) / "model.safetensors").string());
   COHORT_CHECK(confusion_png.empty() || !task->confusion(task->empty_tally()).empty(), UsageError,
                "--plot draws a confusion matrix, and task ", cfg.train.task, " keeps none");
+  COHORT_CHECK(confusion_png.empty() || gnuplot_available(), UsageError,
+               "--plot needs gnuplot, which is not installed (apt-get install gnuplot-nox)");
   auto data = task->eval_set(cfg.eval.split);
   std::shared_ptr<Reporter> reporter = rank_reporter(run, world, cfg.log.tensorboard);
   for (const auto& note : run.notes) reporter->message("cohort: " + note);

@@ -476,12 +476,14 @@ void Trainer::Parts::report_membership() {
 // dir touched.
 void Trainer::Parts::open_outputs() {
   RunDir dir(run.out_dir);
-  std::vector<double> best = {0.0, 0.0, -1.0};  // rank 0's: has one, its value, its step
+  std::vector<double> best = {0.0, 0.0, 0.0};  // rank 0's: has one, its value, its step (summed: 0 elsewhere)
   on_main_then_agree(comm, "run directory set-up", [&] {
     run_lock = dir.lock(run.job_id, cfg.dist.timeout, run.mode(), run.notes);
     for (auto& note : dir.prepare(run.mode(), run.config_toml, state.step)) run.notes.push_back(note);
     for (const auto& [name, text] : task->run_files()) {
       const fs::path file = fs::path(run.out_dir) / name;
+      // The tokenizer the run started with stays, whatever a resume's data.path says now.
+      if (run.mode() == RunMode::kResume && name.rfind("tokenizer/", 0) == 0 && fs::exists(file)) continue;
       fs::create_directories(file.parent_path());
       write_file_atomically(file.string(), text);
     }

@@ -38,6 +38,8 @@ std::string find_vocab(const Config& cfg) {
     fs::path init(cfg.model.init);
     tried.push_back((fs::is_directory(init) ? init : init.parent_path()) / "vocab.txt");
     tried.push_back(init / "tokenizer" / "vocab.txt");  // a Cohort run keeps the one it trained with
+    if (init.parent_path().filename() == "checkpoints")    // one of its checkpoints
+      tried.push_back(init.parent_path().parent_path() / "tokenizer" / "vocab.txt");
     tried.push_back(init / "export" / "vocab.txt");
   }
   std::string list;
