@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything Cohort needs on Debian 12, in three parts:
-#   1. Debian packages: toolchain, HDF5, CLI11, JSON, zlib, tests, real data;
+#   1. Debian packages: toolchain, HDF5, CLI11, JSON, zlib, libcurl, tests, real data;
 #   2. the Gloo headers that c10d's ProcessGroupGloo.hpp includes, taken from
 #      Debian's libgloo-dev package without installing it (its library is
 #      never installed or linked: libtorch carries its own Gloo);
@@ -20,8 +20,8 @@ REQUIREMENTS="$HERE/requirements.txt"
 PACKAGES=(
   # toolchain; python3-venv makes the environment for the torch wheel
   gcc g++ cmake make pkg-config python3 python3-venv
-  # formats: BERT shards, command line + TOML, JSON, gzip'd IDX
-  libhdf5-dev libcli11-dev nlohmann-json3-dev zlib1g-dev
+  # formats: BERT shards, command line + TOML, JSON, gzip'd IDX; HTTP for log.mlflow
+  libhdf5-dev libcli11-dev nlohmann-json3-dev zlib1g-dev libcurl4-openssl-dev
   # tests and micro-benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
   # real data: an English corpus, Fashion-MNIST, WordNet glosses

@@ -262,6 +262,50 @@ TEST(BertClassify, FineTunesFromAPretrainingCheckpointWithMetricsIdenticalAtAnyW
     EXPECT_TRUE(std::filesystem::exists(tmp / "fine/confusion-test-step-30.png")) << eval.out;
     EXPECT_NE(read_file(tmp / "fine/.plot/confusion.gp").find("with image"), std::string::npos);
   }
+  // The CLI on several ranks and nodes, as train runs: the same eval line
+  // from 3 ranks, the same prediction lines from 2 nodes of one rank each.
+  auto eval_lines = [&] {
+    std::vector<nlohmann::json> out;
+    for (const auto& l : cohort::test::lines_of(read_file(tmp / "fine/metrics.jsonl"))) {
+      auto j = nlohmann::json::parse(l);
+      if (j["kind"] == "eval" && j["split"] == "test") out.push_back(j);
+    }
+    return out;
+  };
+  auto eval3 = run_cohort("eval " + tmp / "fine --split test --nproc-per-node 3 --oversubscribe");
+  ASSERT_EQ(eval3.code, 0) << eval3.err;
+  auto evals = eval_lines();
+  ASSERT_EQ(evals.size(), 2u);
+  for (const auto& [key, value] : evals[0].items()) {
+    if (key == "loss") EXPECT_NEAR(evals[1][key].get<double>(), value.get<double>(), 1e-6);
+    else EXPECT_EQ(evals[1][key], value) << key << " on 3 ranks";
+  }
+  EXPECT_EQ(evals[1].size(), evals[0].size());
+  const auto eval_at = eval3.out.find("eval  step 30  test:");
+  EXPECT_NE(eval_at, std::string::npos) << eval3.out;
+  EXPECT_EQ(eval3.out.find("eval  step 30  test:", eval_at + 1), std::string::npos) << "rank 0 alone reports:\n" << eval3.out;
+  auto single = run_cohort("predict " + tmp / "fine --input " + tmp / "animals/test.tsv --out " + tmp / "p1.jsonl");
+  ASSERT_EQ(single.code, 0) << single.err;
+  {
+    const std::string node = std::string(COHORT_BIN) + " predict " + tmp / "fine --input " + tmp / "animals/test.tsv --out " +
+                             tmp / "p2.jsonl --nnodes 2 --init-method file://" + tmp / "rdzv --node-rank ";
+    cohort::test::Background n0(node + "0", tmp, "node0"), n1(node + "1", tmp, "node1");
+    ASSERT_EQ(n0.wait(std::chrono::minutes(5)), 0) << n0.err();
+    ASSERT_EQ(n1.wait(std::chrono::minutes(5)), 0) << n1.err();
+    EXPECT_NE(n0.out().find("wrote 60 predictions"), std::string::npos) << n0.out();
+    EXPECT_EQ(n1.out().find("wrote"), std::string::npos) << "only rank 0 writes: " << n1.out();
+  }
+  auto by_rank = cohort::test::lines_of(read_file(tmp / "p2.jsonl"));
+  auto alone = cohort::test::lines_of(read_file(tmp / "p1.jsonl"));
+  ASSERT_EQ(by_rank.size(), alone.size());
+  for (size_t i = 0; i < alone.size(); ++i) {
+    auto a = nlohmann::json::parse(alone[i]), b = nlohmann::json::parse(by_rank[i]);
+    EXPECT_EQ(b["index"], a["index"]);
+    EXPECT_EQ(b["text"], a["text"]);
+    EXPECT_EQ(b["label"], a["label"]) << "line " << i;
+    EXPECT_NEAR(b["probability"].get<double>(), a["probability"].get<double>(), 1e-6) << "line " << i;
+  }
+
   write_file(tmp / "inputs.jsonl", "{\"sentence\": \"the cat sat\"}\n{\"sentence\": \"a dog ran to the park\"}\n");
   auto predict = run_cohort("predict " + tmp / "fine --input " + tmp / "inputs.jsonl --out " + tmp / "p.jsonl");
   ASSERT_EQ(predict.code, 0) << predict.err;

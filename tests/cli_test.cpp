@@ -211,4 +211,17 @@ TEST(Cli, EarlyStopEndsTheRunAfterPatienceEvaluationsWithoutImprovement) {
   EXPECT_EQ(nlohmann::json::parse(cohort::test::read_file(tmp / "run/checkpoints/best.json"))["step"], 2);
   expect_one_error_line(run_cohort(base + " --train.early-stop-patience 2 --out " + (tmp / "no")), 2,
                         "train.early-stop-patience needs ckpt.best-metric");
+
+  // The count goes on across a resume: best at step 2, one evaluation
+  // without improvement (step 4) before it, two after (6, 8), not three.
+  const std::string shorter = "train --model.name mlp --data.global-batch 4 --eval.every-steps 2"
+                              " --optim.lr 1e-30 --optim.weight-decay 0 --data.path " + tmp.path();
+  Result first = run_cohort(shorter + " --train.max-steps 4 --ckpt.best-metric accuracy --train.early-stop-patience 3"
+                            " --out " + (tmp / "resumed"));
+  ASSERT_EQ(first.code, 0) << first.err;
+  Result resumed = run_cohort("train --resume " + (tmp / "resumed") + " --train.max-steps 100");
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("early stop: accuracy did not improve for 3 evaluations (best "), std::string::npos)
+      << resumed.out;
+  EXPECT_NE(resumed.out.find("at step 2) at step 8"), std::string::npos) << resumed.out;
 }

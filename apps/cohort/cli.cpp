@@ -31,6 +31,7 @@
 #include "cohort/distributed/rendezvous.hpp"
 #include "cohort/launch/bench.hpp"
 #include "cohort/launch/launcher.hpp"
+#include "cohort/obs/mlflow.hpp"
 #include "cohort/obs/plot.hpp"
 #include "cohort/text/prepare.hpp"
 #include "cohort/text/wordnet.hpp"
@@ -144,6 +145,68 @@ std::string option_hint(const CLI::App& sub, const std::string& option) {
   if (sub.get_name() != "train") return "";
   if (std::string key = closest_key(name); !key.empty()) return "--" + key;
   return "";
+}
+
+
+// The flags that start and join ranks (HetSeq's spellings as aliases), on
+// `sub`; `elastic` adds --min-nodes and --max-nodes (train only).
+void add_dist_flags(CLI::App& sub, LaunchOptions& launch, CommOptions& comm_opts, bool elastic) {
+  const std::string group = "Distributed (per node; HetSeq spellings accepted)";
+  sub.add_option("--nproc-per-node,--distributed-gpus", launch.nproc_per_node,
+                 "ranks to start on this node (one per GPU, or CPU ranks)")
+      ->capture_default_str()->group(group);
+  sub.add_flag("--oversubscribe", launch.oversubscribe,
+               "allow more ranks on this node than it has cores (CPU) or GPUs")->group(group);
+  sub.add_option("--nnodes", launch.nnodes, elastic ? "nodes in the job (elastic: nodes the first world waits for)"
+                                                    : "nodes in the job")
+      ->capture_default_str()->group(group);
+  if (elastic) {
+    sub.add_option("--min-nodes", launch.min_nodes,
+                   "elastic: the job goes on while at least N nodes remain, and nodes may join mid-run "
+                   "(0: off, a fixed world)")->capture_default_str()->group(group);
+    sub.add_option("--max-nodes", launch.max_nodes, "elastic: at most N nodes; later ones wait (0: no limit)")
+        ->capture_default_str()->group(group);
+  }
+  sub.add_option("--node-rank", launch.node_rank, "this node's index, 0..nnodes-1")
+      ->capture_default_str()->group(group);
+  sub.add_option("--init-method,--distributed-init-method", launch.init_method,
+                 "rendezvous: tcp://HOST:PORT | file:///shared/path | env://; "
+                 "default: SLURM/Open MPI/env:// variables, else a private store on one node")
+      ->group(group);
+  sub.add_option("--distributed-world-size", launch.world_size, "total ranks over all nodes (HetSeq)")
+      ->check(at_least(1))->group(group);
+  sub.add_option("--distributed-rank", launch.first_rank, "first global rank on this node (HetSeq)")
+      ->check(at_least(0))->group(group);
+  sub.add_option("--dist.secret", comm_opts.secret, "shared secret every process of the job must know")
+      ->envname("COHORT_SECRET")->group(group);
+  sub.add_option("--dist.iface", comm_opts.iface, "network interface for collectives (default: the one "
+                 "that reaches the master)")->envname("GLOO_SOCKET_IFNAME")->group(group);
+}
+
+// On a node's launcher (not yet a rank) asked for ranks: checks the flags,
+// starts this node's ranks running this same command and returns their exit
+// code. nullopt in a rank, and in a process that is the whole job. One rank
+// per GPU by default, as torchrun users expect.
+std::optional<int> launch_ranks(const CLI::App& sub, LaunchOptions& launch, const Env& env, const Config& cfg,
+                                int argc, char** argv) {
+  const bool gpus = cfg.train.device != DeviceKind::kCpu && torch::cuda::is_available();
+  if (!env.count("COHORT_RANK") && sub.count("--nproc-per-node") == 0 && gpus) {
+    launch.nproc_per_node = std::max<int>(1, static_cast<int>(torch::cuda::device_count()));
+  }
+  launch.max_local_ranks = gpus ? static_cast<int>(torch::cuda::device_count()) : available_cores();
+  launch.local_units = gpus ? "GPUs" : "cores";
+  validate(launch);  // one process too: a bad --init-method or --node-rank is refused, not ignored
+  if (env.count("COHORT_RANK") || !wants_launcher(launch)) return std::nullopt;
+  launch.timeout_s = cfg.dist.timeout;
+  return launch_node(launch, std::vector<std::string>(argv, argv + argc));
+}
+
+// `comm_opts` completed from the run's config.
+void complete_comm_options(CommOptions& comm_opts, const Config& cfg, int generation) {
+  comm_opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout * 1000));
+  comm_opts.device = cfg.train.device;
+  comm_opts.backend = cfg.dist.backend;
+  comm_opts.generation = generation;
 }
 
 }  // namespace
@@ -330,35 +393,11 @@ int cli_main(int argc, char** argv) {
   prepare->add_flag("--overwrite", prep.overwrite, "replace what an earlier run wrote to --out");
 
   // Per-node launch flags: not config keys, since they differ between nodes.
-  // HetSeq's spellings are accepted as aliases.
+  // eval and predict take them too: a test set of millions of rows is a job.
   CommOptions comm_opts;
-  const std::string dist_group = "Distributed (per node; HetSeq spellings accepted)";
-  train->add_option("--nproc-per-node,--distributed-gpus", launch.nproc_per_node,
-                    "ranks to start on this node (one per GPU, or CPU ranks)")
-      ->capture_default_str()->group(dist_group);
-  train->add_flag("--oversubscribe", launch.oversubscribe,
-                  "allow more ranks on this node than it has cores (CPU) or GPUs")->group(dist_group);
-  train->add_option("--nnodes", launch.nnodes, "nodes in the job (elastic: nodes the first world waits for)")
-      ->capture_default_str()->group(dist_group);
-  train->add_option("--min-nodes", launch.min_nodes,
-                    "elastic: the job goes on while at least N nodes remain, and nodes may join mid-run "
-                    "(0: off, a fixed world)")->capture_default_str()->group(dist_group);
-  train->add_option("--max-nodes", launch.max_nodes, "elastic: at most N nodes; later ones wait (0: no limit)")
-      ->capture_default_str()->group(dist_group);
-  train->add_option("--node-rank", launch.node_rank, "this node's index, 0..nnodes-1")
-      ->capture_default_str()->group(dist_group);
-  train->add_option("--init-method,--distributed-init-method", launch.init_method,
-                    "rendezvous: tcp://HOST:PORT | file:///shared/path | env://; "
-                    "default: SLURM/Open MPI/env:// variables, else a private store on one node")
-      ->group(dist_group);
-  train->add_option("--distributed-world-size", launch.world_size, "total ranks over all nodes (HetSeq)")
-      ->check(at_least(1))->group(dist_group);
-  train->add_option("--distributed-rank", launch.first_rank, "first global rank on this node (HetSeq)")
-      ->check(at_least(0))->group(dist_group);
-  train->add_option("--dist.secret", comm_opts.secret, "shared secret every process of the job must know")
-      ->envname("COHORT_SECRET")->group(dist_group);
-  train->add_option("--dist.iface", comm_opts.iface, "network interface for collectives (default: the one "
-                    "that reaches the master)")->envname("GLOO_SOCKET_IFNAME")->group(dist_group);
+  add_dist_flags(*train, launch, comm_opts, /*elastic=*/true);
+  add_dist_flags(*evaluator, launch, comm_opts, /*elastic=*/false);
+  add_dist_flags(*predictor, launch, comm_opts, /*elastic=*/false);
 
   if (argc > 1 && argv[1][0] != '-') {
     std::string known;
@@ -411,22 +450,11 @@ int cli_main(int argc, char** argv) {
       text::run_prepare(prep);
       return 0;
     }
-    if (evaluator->parsed()) {
-      EvalPlan plan = plan_evaluation(eval_request);
-      plan.run.live_progress = isatty(fileno(stderr)) != 0;
-      auto comm = Comm::single(plan.cfg.train.device);
-      configure_process(plan.cfg.train, comm->world());
-      std::string png;
-      if (eval_plot) {
-        png = plan.run.out_dir + "/confusion-" + plan.cfg.eval.split + "-step-" +
-              std::to_string(plan.run.resume->state.step) + ".png";
-      }
-      evaluate_checkpoint(plan.cfg, *comm, plan.run, png);
-      return 0;
-    }
-    if (predictor->parsed()) {
-      EvalPlan plan = plan_evaluation(predict_request);
-      if (predict_batch > 0) plan.cfg.eval.batch = predict_batch;
+    if (evaluator->parsed() || predictor->parsed()) {
+      // Both are collective: run as one process or as a job of ranks, like train.
+      CLI::App& sub = evaluator->parsed() ? *evaluator : *predictor;
+      EvalPlan plan = plan_evaluation(evaluator->parsed() ? eval_request : predict_request);
+      if (predictor->parsed() && predict_batch > 0) plan.cfg.eval.batch = predict_batch;
       for (const auto& [key, value] : predict_columns) {
         if (key == "data.text-column") plan.cfg.data.text_column = value;
         if (key == "data.text-pair-column") plan.cfg.data.text_pair_column = value;
@@ -434,12 +462,29 @@ int cli_main(int argc, char** argv) {
         if (key == "data.id-column") plan.cfg.data.id_column = value;
       }
       validate(plan.cfg);
-      if (predict_out.empty()) predict_out = plan.run.out_dir + "/predictions.jsonl";
-      plan.run.live_progress = isatty(fileno(stderr)) != 0;
-      auto comm = Comm::single(plan.cfg.train.device);
+      Env env = process_env();
+      if (auto code = launch_ranks(sub, launch, env, plan.cfg, argc, argv)) return *code;
+      complete_comm_options(comm_opts, plan.cfg, 0);
+      auto spec = detect_rank_spec(env, launch.init_method);
+      std::unique_ptr<Comm> comm = spec ? Comm::connect(*spec, comm_opts) : Comm::single(plan.cfg.train.device);
+      if (comm->size() > 1) who = "rank " + std::to_string(comm->rank()) + ": ";
+      // Only the process that reports draws a progress line (under mpirun every rank has a terminal).
+      plan.run.live_progress = comm->world().is_main() && isatty(fileno(stderr)) != 0;
       configure_process(plan.cfg.train, comm->world());
-      int64_t n = predict_checkpoint(plan.cfg, *comm, plan.run, predict_input, predict_out);
-      std::printf("cohort: wrote %lld predictions to %s\n", static_cast<long long>(n), predict_out.c_str());
+      if (predictor->parsed()) {
+        if (predict_out.empty()) predict_out = plan.run.out_dir + "/predictions.jsonl";
+        int64_t n = predict_checkpoint(plan.cfg, *comm, plan.run, predict_input, predict_out);
+        if (comm->world().is_main()) {
+          std::printf("cohort: wrote %lld predictions to %s\n", static_cast<long long>(n), predict_out.c_str());
+        }
+        return 0;
+      }
+      std::string png;
+      if (eval_plot) {
+        png = plan.run.out_dir + "/confusion-" + plan.cfg.eval.split + "-step-" +
+              std::to_string(plan.run.resume->state.step) + ".png";
+      }
+      evaluate_checkpoint(plan.cfg, *comm, plan.run, png);
       return 0;
     }
     if (exporter->parsed()) {
@@ -450,6 +495,11 @@ int cli_main(int argc, char** argv) {
       if (!r.hf_class.empty())
         std::printf("cohort: load it with transformers' %s.from_pretrained('%s') (or the Auto classes)\n",
                     r.hf_class.c_str(), r.dir.c_str());
+      if (!r.mlflow.empty() && !r.run_dir.empty()) {  // the export joins the run's MLflow run, under export/
+        std::vector<std::pair<std::string, std::string>> files;
+        for (const auto& name : r.files) files.emplace_back((std::filesystem::path(r.dir) / name).string(), "export/" + name);
+        std::printf("cohort: %s\n", mlflow_upload_to_run(r.mlflow, r.run_dir, files).c_str());
+      }
       return 0;
     }
     if (plot->parsed()) {
@@ -480,22 +530,8 @@ int cli_main(int argc, char** argv) {
       // bar's escape codes.
       const bool under_mpirun = env.count("OMPI_COMM_WORLD_SIZE") || env.count("PMI_RANK") || env.count("PMIX_RANK");
       run.live_progress = cfg.log.progress_bar && !under_mpirun && isatty(fileno(stdout)) != 0;
-      // One rank per GPU by default, as torchrun users expect.
-      const bool gpus = cfg.train.device != DeviceKind::kCpu && torch::cuda::is_available();
-      if (!env.count("COHORT_RANK") && train->count("--nproc-per-node") == 0 && gpus) {
-        launch.nproc_per_node = std::max<int>(1, static_cast<int>(torch::cuda::device_count()));
-      }
-      launch.max_local_ranks = gpus ? static_cast<int>(torch::cuda::device_count()) : available_cores();
-      launch.local_units = gpus ? "GPUs" : "cores";
-      validate(launch);  // one process too: a bad --init-method or --node-rank is refused, not ignored
-      if (!env.count("COHORT_RANK") && wants_launcher(launch)) {
-        launch.timeout_s = cfg.dist.timeout;
-        return launch_node(launch, std::vector<std::string>(argv, argv + argc));
-      }
-      comm_opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout * 1000));
-      comm_opts.device = cfg.train.device;
-      comm_opts.backend = cfg.dist.backend;
-      comm_opts.generation = request.generation;
+      if (auto code = launch_ranks(*train, launch, env, cfg, argc, argv)) return *code;
+      complete_comm_options(comm_opts, cfg, request.generation);
       install_stop_handlers();
       comm_opts.interrupted = [] { return stop_requested(); };
       auto spec = detect_rank_spec(env, launch.init_method);

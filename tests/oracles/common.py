@@ -44,3 +44,14 @@ def check(cond, msg):
 def metrics(run_dir):
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def prepare_wordnet(name):
+    """WordNet glosses labelled by lexicographer file (cohort prepare-classify)
+    in WORK/name; exits 77 (SKIPPED) when wordnet-base is not installed."""
+    if not os.path.exists("/usr/share/wordnet/data.noun"):
+        print("%s: SKIPPED (wordnet-base is not installed)" % os.path.basename(sys.argv[0]))
+        sys.exit(77)
+    out = os.path.join(WORK, name)
+    run([COHORT, "prepare-classify", "--out", out, "--overwrite"])
+    return out

@@ -15,11 +15,7 @@ from transformers import BertConfig, BertForSequenceClassification, BertTokenize
 
 from common import *
 
-if not os.path.exists("/usr/share/wordnet/data.noun"):
-    print("oracle.hf_classify: SKIPPED (wordnet-base is not installed)")
-    sys.exit(77)
-wordnet = os.path.join(WORK, "wordnet")
-run([COHORT, "prepare-classify", "--out", wordnet, "--overwrite"])
+wordnet = prepare_wordnet("wordnet")
 with open(os.path.join(wordnet, "train.tsv"), newline="") as f:
     rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
 labels = sorted({r["lexname"] for r in rows})

@@ -65,8 +65,7 @@ check(len(guesses) == 5 and all(0 <= g["score"] <= 1 for g in guesses), "fill-ma
 if not os.path.exists("/usr/share/wordnet/data.noun"):
     print("oracle.hf_pipelines: text-classification SKIPPED (wordnet-base is not installed); the rest passed")
     sys.exit(77)
-wordnet = os.path.join(WORK, "pipelines-wordnet")
-run([COHORT, "prepare-classify", "--out", wordnet, "--overwrite"])
+wordnet = prepare_wordnet("pipelines-wordnet")
 with open(os.path.join(wordnet, "test.tsv"), newline="") as f:
     rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[:200]
 inputs = os.path.join(WORK, "pipelines-inputs.jsonl")

@@ -189,6 +189,8 @@ ExportResult export_model(const std::string& path, const std::string& requested_
                : in_run                 ? (fs::path(source.run_dir) / "export").string()
                                         : (fs::path(source.checkpoint_dir) / "export").string();
   result.warnings = warnings;
+  result.run_dir = source.run_dir;
+  result.mlflow = source.cfg.log.mlflow;
   std::error_code ec;
   COHORT_CHECK(!fs::exists(result.dir, ec) || fs::is_directory(result.dir, ec), UsageError, result.dir,
                " is a file, not a directory", requested_out.empty() ? " (name another with --out DIR)" : "");

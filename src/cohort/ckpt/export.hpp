@@ -38,6 +38,8 @@ struct ExportResult {
   std::vector<std::string> files;  // the file names written, in order
   std::vector<std::string> warnings;  // newer checkpoints skipped as broken
   std::vector<std::string> notes;     // what the user should know (no tokenizer, no HF class)
+  std::string run_dir;  // the checkpoint's run; "" for a checkpoint outside one
+  std::string mlflow;   // the run's log.mlflow: where its MLflow run is
 };
 
 // Writes the export of one task into `out_dir` (which exists) and records

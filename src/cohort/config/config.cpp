@@ -246,6 +246,10 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("log.tensorboard", c.log.tensorboard, "write TensorBoard scalars to RUN_DIR/tensorboard/", node);
   bind("log.progress-bar", c.log.progress_bar, "redraw a progress bar when the console is a terminal "
        "(never under mpirun, which hands every rank one); false: plain lines", node);
+  bind("log.mlflow", c.log.mlflow, "MLflow tracking server (http://host:5000): rank 0 sends the config, metrics, "
+       "plots and exports; '' = off", node);
+  bind("log.mlflow-experiment", c.log.mlflow_experiment, "MLflow experiment of the run (created when missing)", node);
+  bind("log.mlflow-run-name", c.log.mlflow_run_name, "MLflow run name; '' = the run directory's name", node);
   bind("log.sample-ids", c.log.sample_ids, "debug: write every rank's sample ids per step to RUN_DIR/sample-ids/", node);
 
   bind("ckpt.every-steps", c.ckpt.every_steps, "checkpoint every N steps; 0 = only at the end");
@@ -694,6 +698,10 @@ void validate(const Config& c) {
   require(!c.data.text_column.empty(), "data.text-column", "''", "must name a column");
   require(!c.data.label_column.empty(), "data.label-column", "''", "must name a column");
   require(c.data.max_micro_batch >= 0, "data.max-micro-batch", c.data.max_micro_batch, "must be >= 0");
+
+  require(c.log.mlflow.empty() || c.log.mlflow.rfind("http://", 0) == 0 || c.log.mlflow.rfind("https://", 0) == 0,
+          "log.mlflow", c.log.mlflow, "must be a tracking server's http:// or https:// address");
+  require(!c.log.mlflow_experiment.empty(), "log.mlflow-experiment", "''", "must name an experiment");
 
   require(std::isfinite(c.optim.lr) && c.optim.lr > 0, "optim.lr", c.optim.lr, "must be finite and > 0");
   require(std::isfinite(c.optim.weight_decay) && c.optim.weight_decay >= 0, "optim.weight-decay",

@@ -85,6 +85,10 @@ struct LogOptions {
   bool sample_ids = false;    // RUN_DIR/sample-ids/rank-R.jsonl: ids per step
   bool tensorboard = true;    // RUN_DIR/tensorboard/events.out.tfevents.*
   bool progress_bar = true;   // redraw a bar on a terminal (never under mpirun); false: plain lines
+  // MLflow tracking from rank 0: "" off, else the server ("http://host:5000").
+  std::string mlflow;
+  std::string mlflow_experiment = "Default";  // created when missing
+  std::string mlflow_run_name;                // "": the run directory's name
 };
 
 struct CkptOptions {

@@ -9,9 +9,7 @@
 
 namespace cohort {
 
-namespace {
-
-nlohmann::json to_json(const TrainReport& r) {
+nlohmann::json report_json(const TrainReport& r) {
   nlohmann::json line = {{"kind", "train"}, {"step", r.step},       {"epoch", r.epoch},
                          {"lr", r.lr},      {"samples", r.samples}, {"tokens_per_s", r.units_per_s}};
   if (!r.unit.empty()) line["unit"] = r.unit;  // what tokens_per_s counts: tokens, images, samples
@@ -25,11 +23,13 @@ nlohmann::json to_json(const TrainReport& r) {
   return line;
 }
 
-nlohmann::json to_json(const EvalReport& r) {
+nlohmann::json report_json(const EvalReport& r) {
   nlohmann::json line = {{"kind", "eval"}, {"step", r.step}, {"split", r.split}, {"count", r.count}};
   for (const auto& [name, value] : r.metrics) line[name] = value;
   return line;
 }
+
+namespace {
 
 nlohmann::json to_json(const MembershipReport& r) {
   return {{"kind", "membership"}, {"step", r.step},   {"generation", r.generation}, {"world_size", r.world_size},
@@ -76,6 +76,9 @@ void ReporterFanOut::eval(const EvalReport& e) {
 
 void ReporterFanOut::membership(const MembershipReport& m) {
   for (auto& r : to_) r->membership(m);
+}
+void ReporterFanOut::finish(bool ok) {
+  for (auto& r : to_) r->finish(ok);
 }
 
 void ConsoleReporter::print(const std::string& line) {
@@ -142,15 +145,15 @@ void ConsoleReporter::membership(const MembershipReport& r) {
   print(line);
 }
 
-void MetricsFileReporter::train(const TrainReport& r) { log_.write(to_json(r)); }
+void MetricsFileReporter::train(const TrainReport& r) { log_.write(report_json(r)); }
 void MetricsFileReporter::membership(const MembershipReport& r) { log_.write(to_json(r)); }
-void MetricsFileReporter::eval(const EvalReport& r) { log_.write(to_json(r)); }
+void MetricsFileReporter::eval(const EvalReport& r) { log_.write(report_json(r)); }
 
 void TensorBoardReporter::train(const TrainReport& r) {
-  writer_.scalars(r.step, tensorboard_scalars("train", to_json(r)));
+  writer_.scalars(r.step, tensorboard_scalars("train", report_json(r)));
 }
 void TensorBoardReporter::eval(const EvalReport& r) {
-  writer_.scalars(r.step, tensorboard_scalars(r.split, to_json(r)));
+  writer_.scalars(r.step, tensorboard_scalars(r.split, report_json(r)));
 }
 
 }  // namespace cohort

@@ -1,4 +1,4 @@
-// defines: Metrics, metric_value, format_metrics, StepProgress, TrainReport, EvalReport,
+// defines: Metrics, metric_value, format_metrics, StepProgress, TrainReport, EvalReport, report_json,
 //          Reporter, ReporterFanOut, ConsoleReporter, MetricsFileReporter,
 //          TensorBoardReporter, eta_seconds
 //
@@ -15,6 +15,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "cohort/obs/metrics_log.hpp"
 #include "cohort/obs/tensorboard.hpp"
@@ -69,6 +71,11 @@ struct EvalReport {
   double seconds = 0;
 };
 
+// A report as its metrics.jsonl line ({"kind":"train", "step":..., ...}):
+// what the file, TensorBoard and MLflow record.
+nlohmann::json report_json(const TrainReport& r);
+nlohmann::json report_json(const EvalReport& r);
+
 // Elastic training: a new world formed (members left or joined). Reported
 // by the new world's rank 0 after its first step.
 struct MembershipReport {
@@ -93,6 +100,9 @@ class Reporter {
   virtual void train(const TrainReport& /*r*/) {}
   virtual void eval(const EvalReport& /*r*/) {}
   virtual void membership(const MembershipReport& /*r*/) {}
+  // The run ended (`ok`: it completed; false: it failed). Not called when
+  // an elastic world ends and the next goes on.
+  virtual void finish(bool /*ok*/) {}
 };
 
 class ReporterFanOut : public Reporter {
@@ -103,6 +113,7 @@ class ReporterFanOut : public Reporter {
   void train(const TrainReport& r) override;
   void eval(const EvalReport& r) override;
   void membership(const MembershipReport& r) override;
+  void finish(bool ok) override;
 
  private:
   std::vector<std::shared_ptr<Reporter>> to_;

@@ -13,6 +13,7 @@
 #include "cohort/distributed/comm.hpp"
 #include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/config/config.hpp"
+#include "cohort/obs/mlflow.hpp"
 #include "cohort/obs/plot.hpp"
 #include "cohort/obs/reporter.hpp"
 #include "cohort/train/phase_timer.hpp"
@@ -107,7 +108,7 @@ RunSummary evaluate_checkpoint(const Config& cfg, Comm& comm, const RunOptions& 
   COHORT_CHECK(confusion_png.empty() || gnuplot_available(), UsageError,
                "--plot needs gnuplot, which is not installed (apt-get install gnuplot-nox)");
   auto data = task->eval_set(cfg.eval.split);
-  std::shared_ptr<Reporter> reporter = rank_reporter(run, world, cfg.log.tensorboard);
+  std::shared_ptr<Reporter> reporter = rank_reporter(run, world, cfg.log);
   for (const auto& note : run.notes) reporter->message("cohort: " + note);
   Tally tally;
   EvalReport r;
@@ -122,6 +123,13 @@ RunSummary evaluate_checkpoint(const Config& cfg, Comm& comm, const RunOptions& 
                    "confusion matrix: " + cfg.eval.split + " at step " + std::to_string(r.step) + ", " +
                        std::to_string(r.count) + " samples");
     reporter->message("cohort: wrote " + confusion_png);
+  }
+  reporter->finish(true);
+  reporter.reset();  // an MLflow run is sent and recorded before the heatmap joins it
+  if (!confusion_png.empty() && world.is_main() && !cfg.log.mlflow.empty()) {
+    std::string sent = mlflow_upload_to_run(cfg.log.mlflow, run.out_dir,
+                                            {{confusion_png, std::filesystem::path(confusion_png).filename().string()}});
+    if (!run.quiet) std::printf("cohort: %s\n", sent.c_str());
   }
   RunSummary summary;
   summary.steps = run.resume->state.step;

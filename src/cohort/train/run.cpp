@@ -72,6 +72,7 @@ EvalPlan plan_evaluation(const EvalRequest& request) {
   EvalPlan plan;
   plan.run.resume = resolve_checkpoint(request.checkpoint, plan.run.notes);
   plan.run.out_dir = Checkpoints::run_dir_of(plan.run.resume->dir);
+  plan.run.evaluation = true;
   plan.cfg = load_config((fs::path(plan.run.resume->dir) / "config.toml").string());
   plan.cfg.eval.split = request.split;
   plan.cfg.eval.max_samples = request.max_samples;

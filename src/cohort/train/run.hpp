@@ -52,6 +52,9 @@ struct RunOptions {
   // Where rank 0 reports; null: the console (unless quiet), metrics.jsonl
   // and (log.tensorboard) TensorBoard.
   std::shared_ptr<Reporter> reporter;
+  // `cohort eval`: reports add to the run's records (its MLflow run keeps
+  // its status); false: a training run.
+  bool evaluation = false;
   int debug_delay_ms = 0;    // testing aid: sleep this long in every forward
   double debug_slowdown = 1; // testing aid: compute this many times slower (sleeps)
   // Testing aid, called with step N at each StepPoint (null: never): the

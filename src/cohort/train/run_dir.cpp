@@ -114,6 +114,17 @@ bool RunDir::has_train_line(int64_t step) const {
   return false;
 }
 
+int64_t RunDir::eval_steps_after(const std::string& split, int64_t step) const {
+  std::set<int64_t> steps;
+  std::ifstream in(metrics_file());
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || j.value("kind", "") != "eval" || j.value("split", "") != split) continue;
+    if (int64_t s = j.value("step", int64_t{-1}); s > step) steps.insert(s);
+  }
+  return static_cast<int64_t>(steps.size());
+}
+
 size_t RunDir::complete_sample_ids(int64_t step, int64_t epoch, const std::vector<int64_t>& step_ids, int rank) const {
   std::set<int64_t> missing(step_ids.begin(), step_ids.end());
   std::error_code ec;

@@ -48,6 +48,10 @@ class RunDir {
   // complete them, for the next world's rank 0.
   // Whether metrics.jsonl has a train line for `step`.
   bool has_train_line(int64_t step) const;
+  // The steps after `step` with an eval line of `split` in metrics.jsonl:
+  // the evaluations without improvement since the best (early stopping
+  // counts on across a resume).
+  int64_t eval_steps_after(const std::string& split, int64_t step) const;
   // Writes the ids of `step_ids` (the step's whole global batch) that no
   // sample-ids file holds for `step` to rank `rank`'s file, as one line
   // marked "recovered". Returns how many.

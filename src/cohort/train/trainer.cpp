@@ -17,6 +17,7 @@
 #include "cohort/data/loader.hpp"
 #include "cohort/distributed/comm.hpp"
 #include "cohort/distributed/grad_sync.hpp"
+#include "cohort/obs/mlflow.hpp"
 #include "cohort/obs/reporter.hpp"
 #include "cohort/train/evaluate.hpp"
 #include "cohort/train/optim.hpp"
@@ -149,19 +150,31 @@ void report_phases(Comm& comm, const PhaseTimer& timer, TrainReport& r) {
 
 }  // namespace
 
-std::shared_ptr<ReporterFanOut> default_reporter(const RunOptions& run, bool tensorboard) {
+std::shared_ptr<ReporterFanOut> default_reporter(const RunOptions& run, const LogOptions& log) {
   auto fan = std::make_shared<ReporterFanOut>();
   RunDir dir(run.out_dir);
   if (!run.quiet) fan->add(std::make_shared<ConsoleReporter>(run.live_progress));
   fan->add(std::make_shared<MetricsFileReporter>(dir.metrics_file()));
-  if (tensorboard) fan->add(std::make_shared<TensorBoardReporter>(dir.tensorboard_dir()));
+  if (log.tensorboard) fan->add(std::make_shared<TensorBoardReporter>(dir.tensorboard_dir()));
+  if (!log.mlflow.empty()) {
+    MlflowTarget t;
+    t.uri = log.mlflow;
+    t.experiment = log.mlflow_experiment;
+    t.run_name = log.mlflow_run_name;
+    t.run_dir = run.out_dir;
+    t.config_toml = run.config_toml;
+    t.source = run.evaluation ? "cohort eval" : "cohort train";
+    t.continue_run = run.mode() == RunMode::kResume;
+    t.keep_status = run.evaluation;
+    fan->add(std::make_shared<MlflowReporter>(std::move(t)));
+  }
   return fan;
 }
 
-std::shared_ptr<Reporter> rank_reporter(const RunOptions& run, const World& world, bool tensorboard) {
+std::shared_ptr<Reporter> rank_reporter(const RunOptions& run, const World& world, const LogOptions& log) {
   if (!world.is_main()) return std::make_shared<Reporter>();
   if (run.reporter) return run.reporter;
-  return default_reporter(run, tensorboard);
+  return default_reporter(run, log);
 }
 
 // "rank 0 41 samples, rank 1 23"
@@ -476,7 +489,8 @@ void Trainer::Parts::report_membership() {
 // dir touched.
 void Trainer::Parts::open_outputs() {
   RunDir dir(run.out_dir);
-  std::vector<double> best = {0.0, 0.0, 0.0};  // rank 0's: has one, its value, its step (summed: 0 elsewhere)
+  // Rank 0's: has one, its value, its step, the evaluations since (summed: 0 elsewhere).
+  std::vector<double> best = {0.0, 0.0, 0.0, 0.0};
   on_main_then_agree(comm, "run directory set-up", [&] {
     run_lock = dir.lock(run.job_id, cfg.dist.timeout, run.mode(), run.notes);
     for (auto& note : dir.prepare(run.mode(), run.config_toml, state.step)) run.notes.push_back(note);
@@ -489,12 +503,17 @@ void Trainer::Parts::open_outputs() {
     }
     if (run.from_peers && run.handover) complete_records(*run.handover);
     auto b = Checkpoints::best(run.out_dir);
-    if ((run.resume || run.from_peers) && b.step >= 0 && b.metric == cfg.ckpt.best_metric) best = {1.0, b.value, static_cast<double>(b.step)};
+    if ((run.resume || run.from_peers) && b.step >= 0 && b.metric == cfg.ckpt.best_metric) {
+      best = {1.0, b.value, static_cast<double>(b.step), static_cast<double>(dir.eval_steps_after(cfg.eval.split, b.step))};
+    }
   });
   // Every rank needs the best so far: keep_best's decision is collective.
   best = comm.all_reduce_sum(best, "best checkpoint so far");
-  if (best[0] > 0) best_value = best[1], best_step = static_cast<int64_t>(best[2]);
-  reporter = rank_reporter(run, world, cfg.log.tensorboard);
+  if (best[0] > 0) {
+    best_value = best[1], best_step = static_cast<int64_t>(best[2]);
+    evals_since_best = static_cast<int64_t>(best[3]);  // early stopping counts on
+  }
+  reporter = rank_reporter(run, world, cfg.log);
   if (world.is_main() && run.from_peers && run.handover) {
     const Handover& held = *run.handover;
     if (held.train_line && !dir.has_train_line(held.state.step)) {
@@ -750,6 +769,7 @@ RunSummary Trainer::Parts::end() {
   reporter->message(strf("cohort: done: %lld steps in %s%s%s", static_cast<long long>(state.step - start_step),
                          format_duration(summary.seconds).c_str(), last_eval_text.c_str(),
                          summary.stopped_by.empty() ? "" : ("; " + summary.stopped_by).c_str()));
+  reporter->finish(state.step >= total_steps || !summary.stopped_by.empty());
   return summary;
 }
 

@@ -38,12 +38,12 @@ class Trainer {
   std::unique_ptr<Parts> p_;
 };
 
-// The console (unless run.quiet), RUN_DIR/metrics.jsonl and, with
-// `tensorboard`, RUN_DIR/tensorboard/. Rank 0 only.
-std::shared_ptr<ReporterFanOut> default_reporter(const RunOptions& run, bool tensorboard);
+// The console (unless run.quiet), RUN_DIR/metrics.jsonl and, as `log`
+// asks, RUN_DIR/tensorboard/ and an MLflow run. Rank 0 only.
+std::shared_ptr<ReporterFanOut> default_reporter(const RunOptions& run, const LogOptions& log);
 
 // Where this rank reports: rank 0 to run.reporter, or the default one; the
 // other ranks to a silent Reporter.
-std::shared_ptr<Reporter> rank_reporter(const RunOptions& run, const World& world, bool tensorboard);
+std::shared_ptr<Reporter> rank_reporter(const RunOptions& run, const World& world, const LogOptions& log);
 
 }  // namespace cohort

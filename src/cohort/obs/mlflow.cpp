@@ -1,0 +1,627 @@
+#include "cohort/obs/mlflow.hpp"
+
+#include <curl/curl.h>
+#include <nlohmann/json.hpp>
+#include <pwd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <set>
+
+#include "cohort/config/config.hpp"
+#include "cohort/core/files.hpp"
+#include "cohort/obs/plot.hpp"
+#include "cohort/obs/tensorboard.hpp"
+
+namespace fs = std::filesystem;
+
+namespace cohort {
+
+using detail::cat;
+using detail::first_line;
+
+namespace {
+
+constexpr size_t kMaxMetricsPerBatch = 1000;  // MLflow's log-batch limits
+constexpr size_t kMaxParamsPerBatch = 100;
+constexpr size_t kMaxParamValue = 6000;       // MLflow >= 2.7; longer values are cut
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+size_t append_body(char* data, size_t size, size_t n, void* out) {
+  static_cast<std::string*>(out)->append(data, size * n);
+  return size * n;
+}
+
+// A JSON number, or MLflow's spelling of the values JSON has none for.
+nlohmann::json metric_value_json(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
+  return v;
+}
+
+// MLflow's answer to a failed call: {"error_code": ..., "message": ...}.
+std::string server_message(const std::string& body) {
+  auto j = nlohmann::json::parse(body, nullptr, false);
+  if (j.is_object() && j.contains("message") && j["message"].is_string()) {
+    return first_line(j["message"].get<std::string>()).substr(0, 300);
+  }
+  return first_line(body).substr(0, 200);
+}
+
+std::string error_code(const std::string& body) {
+  auto j = nlohmann::json::parse(body, nullptr, false);
+  return j.is_object() && j.contains("error_code") && j["error_code"].is_string() ? j["error_code"].get<std::string>()
+                                                                                   : "";
+}
+
+std::string url_escape(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      char buf[4];
+      std::snprintf(buf, sizeof buf, "%%%02X", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+// "a/b c" -> "a/b%20c": each segment escaped, the slashes kept.
+std::string path_escape(const std::string& path) {
+  std::string out, seg;
+  for (char c : path + "/") {
+    if (c == '/') {
+      if (!out.empty()) out += '/';
+      out += url_escape(seg);
+      seg.clear();
+    } else {
+      seg += c;
+    }
+  }
+  return out;
+}
+
+MlflowRunInfo run_info(const nlohmann::json& run) {
+  MlflowRunInfo info;
+  const auto& i = run.at("info");
+  info.run_id = i.at("run_id").get<std::string>();
+  info.experiment_id = i.value("experiment_id", "");
+  info.status = i.value("status", "");
+  info.artifact_uri = i.value("artifact_uri", "");
+  if (run.contains("data") && run["data"].contains("params")) {
+    for (const auto& p : run["data"]["params"]) info.params[p.at("key").get<std::string>()] = p.value("value", "");
+  }
+  return info;
+}
+
+// A config value as a param: TOML strings without their quotes.
+std::string param_value(std::string v) {
+  if (v.size() >= 2 && v.front() == '"' && v.back() == '"') v = v.substr(1, v.size() - 2);
+  if (v.size() > kMaxParamValue) v = v.substr(0, kMaxParamValue - 3) + "...";
+  return v;
+}
+
+std::string hostname() {
+  char buf[256] = {0};
+  return gethostname(buf, sizeof buf - 1) == 0 ? buf : "";
+}
+
+std::string same_server(std::string uri) {
+  while (!uri.empty() && uri.back() == '/') uri.pop_back();
+  return uri;
+}
+
+struct RunRecord {
+  std::string uri, experiment_id, run_id;
+};
+
+std::optional<RunRecord> read_record(const std::string& run_dir) {
+  const fs::path file = fs::path(run_dir) / "mlflow.json";
+  if (!fs::exists(file)) return std::nullopt;
+  auto j = nlohmann::json::parse(read_file(file.string()), nullptr, false);
+  if (!j.is_object() || !j.contains("run_id")) return std::nullopt;
+  return RunRecord{j.value("tracking_uri", ""), j.value("experiment_id", ""), j.value("run_id", "")};
+}
+
+void write_record(const std::string& run_dir, const std::string& uri, const MlflowRunInfo& run,
+                  const std::string& experiment, const std::string& run_name) {
+  nlohmann::json j = {{"tracking_uri", same_server(uri)}, {"experiment", experiment},
+                      {"experiment_id", run.experiment_id}, {"run_id", run.run_id}, {"run_name", run_name},
+                      {"run_page", same_server(uri) + "/#/experiments/" + run.experiment_id + "/runs/" + run.run_id}};
+  write_file_atomically((fs::path(run_dir) / "mlflow.json").string(), j.dump(2) + "\n");
+}
+
+}  // namespace
+
+std::string mlflow_metric_key(const std::string& name) {
+  std::string out;
+  for (char c : name) {
+    bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.' || c == '/' || c == ' ';
+    out += ok ? c : '_';
+  }
+  return out;
+}
+
+// ---- MlflowClient -------------------------------------------------------------
+
+MlflowClient::MlflowClient(std::string uri, double timeout_s) : uri_(same_server(std::move(uri))), timeout_s_(timeout_s) {
+  static const CURLcode global = curl_global_init(CURL_GLOBAL_DEFAULT);
+  COHORT_CHECK(global == CURLE_OK, Error, "mlflow: libcurl failed to start: ", curl_easy_strerror(global));
+  curl_ = curl_easy_init();
+  COHORT_CHECK(curl_ != nullptr, Error, "mlflow: libcurl failed to start");
+}
+
+MlflowClient::~MlflowClient() { curl_easy_cleanup(static_cast<CURL*>(curl_)); }
+
+std::string MlflowClient::call(const char* method, const std::string& api_path, const std::string& body,
+                               const std::string& content_type, long* status_out) {
+  CURL* c = static_cast<CURL*>(curl_);
+  curl_easy_reset(c);
+  const std::string url = uri_ + api_path;
+  std::string response;
+  char curl_error[CURL_ERROR_SIZE] = {0};
+  curl_easy_setopt(c, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(std::min(timeout_s_, 5.0) * 1000));
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(std::max(timeout_s_, 0.1) * 1000));
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, append_body);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &response);
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, curl_error);
+  curl_easy_setopt(c, CURLOPT_USERAGENT, "cohort");
+  if (std::string(method) != "GET") {
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body.data());
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
+  }
+  curl_slist* headers = nullptr;
+  headers = curl_slist_append(headers, ("Content-Type: " + content_type).c_str());
+  if (const char* token = env("MLFLOW_TRACKING_TOKEN")) {
+    headers = curl_slist_append(headers, (std::string("Authorization: Bearer ") + token).c_str());
+  } else if (const char* user = env("MLFLOW_TRACKING_USERNAME")) {
+    const char* password = env("MLFLOW_TRACKING_PASSWORD");
+    curl_easy_setopt(c, CURLOPT_HTTPAUTH, CURLAUTH_BASIC);
+    curl_easy_setopt(c, CURLOPT_USERNAME, user);
+    curl_easy_setopt(c, CURLOPT_PASSWORD, password ? password : "");
+  }
+  if (const char* insecure = env("MLFLOW_TRACKING_INSECURE_TLS"); insecure && std::string(insecure) == "true") {
+    curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 0L);
+    curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 0L);
+  }
+  curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
+  CURLcode rc = curl_easy_perform(c);
+  curl_slist_free_all(headers);
+  long status = 0;
+  if (rc == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+  if (status_out) *status_out = status;
+  if (rc != CURLE_OK) {
+    throw MlflowError(cat(method, " ", url, ": ", curl_error[0] ? curl_error : curl_easy_strerror(rc)), 0);
+  }
+  if (status < 200 || status >= 300) {
+    throw MlflowError(cat(method, " ", url, ": HTTP ", status, " ", error_code(response), " ",
+                          server_message(response)),
+                      status);
+  }
+  return response;
+}
+
+std::string MlflowClient::experiment_id(const std::string& name) {
+  long status = 0;
+  try {
+    auto j = nlohmann::json::parse(
+        call("GET", "/api/2.0/mlflow/experiments/get-by-name?experiment_name=" + url_escape(name), "",
+             "application/json", &status));
+    return j.at("experiment").at("experiment_id").get<std::string>();
+  } catch (const MlflowError& e) {
+    if (status != 404) throw;
+  }
+  try {
+    auto j = nlohmann::json::parse(call("POST", "/api/2.0/mlflow/experiments/create",
+                                        nlohmann::json({{"name", name}}).dump(), "application/json", &status));
+    return j.at("experiment_id").get<std::string>();
+  } catch (const MlflowError& e) {
+    if (status != 400) throw;  // another process created it first (RESOURCE_ALREADY_EXISTS): look again
+  }
+  auto j = nlohmann::json::parse(
+      call("GET", "/api/2.0/mlflow/experiments/get-by-name?experiment_name=" + url_escape(name), ""));
+  return j.at("experiment").at("experiment_id").get<std::string>();
+}
+
+MlflowRunInfo MlflowClient::create_run(const std::string& experiment_id, const std::string& run_name,
+                                       int64_t start_ms, const std::map<std::string, std::string>& tags) {
+  nlohmann::json t = nlohmann::json::array();
+  for (const auto& [k, v] : tags) t.push_back({{"key", k}, {"value", v}});
+  nlohmann::json body = {{"experiment_id", experiment_id}, {"run_name", run_name}, {"start_time", start_ms}, {"tags", t}};
+  auto j = nlohmann::json::parse(call("POST", "/api/2.0/mlflow/runs/create", body.dump()));
+  return run_info(j.at("run"));
+}
+
+std::optional<MlflowRunInfo> MlflowClient::get_run(const std::string& run_id) {
+  long status = 0;
+  try {
+    auto j = nlohmann::json::parse(call("GET", "/api/2.0/mlflow/runs/get?run_id=" + url_escape(run_id), "",
+                                        "application/json", &status));
+    MlflowRunInfo info = run_info(j.at("run"));
+    if (j["run"]["info"].value("lifecycle_stage", "active") == "deleted") return std::nullopt;
+    return info;
+  } catch (const MlflowError& e) {
+    if (status == 404 || (status == 400 && std::string(e.what()).find("RESOURCE_DOES_NOT_EXIST") != std::string::npos)) {
+      return std::nullopt;
+    }
+    throw;
+  }
+}
+
+void MlflowClient::log_batch(const std::string& run_id, const std::vector<MlflowMetric>& metrics,
+                             const std::vector<std::pair<std::string, std::string>>& params,
+                             const std::map<std::string, std::string>& tags) {
+  nlohmann::json m = nlohmann::json::array(), p = nlohmann::json::array(), t = nlohmann::json::array();
+  for (const auto& x : metrics) {
+    m.push_back({{"key", x.key}, {"value", metric_value_json(x.value)}, {"timestamp", x.timestamp_ms}, {"step", x.step}});
+  }
+  for (const auto& [k, v] : params) p.push_back({{"key", k}, {"value", v}});
+  for (const auto& [k, v] : tags) t.push_back({{"key", k}, {"value", v}});
+  nlohmann::json body = {{"run_id", run_id}, {"metrics", m}, {"params", p}, {"tags", t}};
+  call("POST", "/api/2.0/mlflow/runs/log-batch", body.dump());
+}
+
+void MlflowClient::set_status(const std::string& run_id, const std::string& status, int64_t end_ms) {
+  nlohmann::json body = {{"run_id", run_id}, {"status", status}};
+  if (end_ms > 0) body["end_time"] = end_ms;
+  call("POST", "/api/2.0/mlflow/runs/update", body.dump());
+}
+
+void MlflowClient::upload_artifact(const MlflowRunInfo& run, const std::string& file, const std::string& path) {
+  std::string root = run.artifact_uri;
+  const std::string proxied = "mlflow-artifacts:";
+  if (root.rfind(proxied, 0) == 0) {
+    root = root.substr(proxied.size());
+    if (root.rfind("//", 0) == 0) {  // mlflow-artifacts://host:port/1/<run>/artifacts
+      size_t slash = root.find('/', 2);
+      root = slash == std::string::npos ? "" : root.substr(slash);
+    }
+    while (!root.empty() && root.front() == '/') root.erase(0, 1);
+    call("PUT", "/api/2.0/mlflow-artifacts/artifacts/" + path_escape(root + "/" + path), read_file(file),
+         "application/octet-stream");
+    return;
+  }
+  std::string local = root.rfind("file://", 0) == 0 ? root.substr(7) : root;
+  if (!local.empty() && local.front() == '/' && fs::is_directory(fs::path(local).parent_path())) {
+    fs::path to = fs::path(local) / path;
+    fs::create_directories(to.parent_path());
+    fs::copy_file(file, to, fs::copy_options::overwrite_existing);
+    return;
+  }
+  throw MlflowError(cat("cannot store artifacts in ", run.artifact_uri,
+                        ": Cohort sends them through the tracking server (mlflow server serves artifacts by default)"),
+                    400);
+}
+
+// ---- MlflowReporter ------------------------------------------------------------
+
+// What the caller and the worker share, under `mu`.
+struct MlflowReporter::Shared {
+  MlflowTarget target;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<MlflowMetric> metrics;
+  std::deque<std::pair<std::string, std::string>> artifacts;  // file, artifact path
+  std::string final_status;   // queued by finish(): "FINISHED", "KILLED"
+  bool stopping = false;      // the destructor: send what can be sent, then end
+  size_t in_flight = 0;       // requests being sent now (for flush())
+  // The account of what was lost for good (permanent refusals).
+  size_t metrics_dropped = 0;
+  std::vector<std::string> artifacts_dropped;
+  std::string last_error;
+  bool warned = false;
+  bool connected = false;      // the run is known (created or continued)
+};
+
+namespace {
+
+struct Unsent {
+  size_t metrics = 0;
+  int64_t first_step = 0, last_step = 0;
+  std::set<std::string> keys;
+};
+
+}  // namespace
+
+MlflowReporter::MlflowReporter(MlflowTarget target) : s_(std::make_shared<Shared>()) {
+  s_->target = std::move(target);
+  if (s_->target.run_name.empty()) s_->target.run_name = fs::absolute(s_->target.run_dir).filename().string();
+  std::shared_ptr<Shared> s = s_;
+  worker_ = std::thread([s] {
+    MlflowTarget& t = s->target;
+    MlflowClient client(t.uri, t.request_timeout_s);
+    MlflowRunInfo run;
+    bool own_status = !t.keep_status;
+    double backoff = 1.0;
+    std::chrono::steady_clock::time_point deadline{};
+    // One attempt at the next piece of work; false when the server failed.
+    auto fail = [&](const MlflowError& e) {
+      std::unique_lock<std::mutex> lock(s->mu);
+      s->last_error = e.what();
+      if (!s->warned) {
+        s->warned = true;
+        std::fprintf(stderr,
+                     "cohort: warning: mlflow: %s; training goes on, and the values wait in memory to be sent "
+                     "(RUN_DIR/metrics.jsonl has them all)\n",
+                     e.what());
+      }
+    };
+    auto connect = [&] {
+      const auto record = t.continue_run ? read_record(t.run_dir) : std::nullopt;
+      if (record && same_server(record->uri) == same_server(t.uri)) {
+        if (auto found = client.get_run(record->run_id)) run = *found;
+      }
+      if (run.run_id.empty()) {
+        own_status = true;
+        std::map<std::string, std::string> tags = {
+            {"mlflow.runName", t.run_name},
+            {"mlflow.source.name", t.source},
+            {"mlflow.source.type", "LOCAL"},
+            {"cohort.run_dir", fs::absolute(t.run_dir).lexically_normal().string()},
+            {"cohort.host", hostname()}};
+        if (const char* user = env("USER")) {
+          tags["mlflow.user"] = user;
+        } else if (const passwd* pw = getpwuid(getuid())) {
+          tags["mlflow.user"] = pw->pw_name;
+        }
+        run = client.create_run(client.experiment_id(t.experiment), t.run_name, now_ms(), tags);
+        write_record(t.run_dir, t.uri, run, t.experiment, t.run_name);
+      } else if (own_status && run.status != "RUNNING") {
+        client.set_status(run.run_id, "RUNNING", 0);
+      }
+      // Params are set once: a value changed on resume (train.max-steps,
+      // say) keeps the first one, as MLflow requires.
+      std::vector<std::pair<std::string, std::string>> params;
+      for (const auto& [key, value] : read_config_values(t.config_toml)) {
+        if (!run.params.count(key)) params.emplace_back(key, param_value(value));
+      }
+      for (size_t i = 0; i < params.size(); i += kMaxParamsPerBatch) {
+        std::vector<std::pair<std::string, std::string>> part(
+            params.begin() + static_cast<long>(i), params.begin() + static_cast<long>(std::min(params.size(), i + kMaxParamsPerBatch)));
+        client.log_batch(run.run_id, {}, part);
+      }
+    };
+    for (;;) {
+      // What to do next, decided under the lock.
+      enum { kConnect, kMetrics, kArtifact, kStatus, kWait, kEnd } next = kWait;
+      std::vector<MlflowMetric> batch;
+      std::pair<std::string, std::string> artifact;
+      std::string status;
+      {
+        std::unique_lock<std::mutex> lock(s->mu);
+        if (s->stopping && deadline == std::chrono::steady_clock::time_point{}) {
+          deadline = std::chrono::steady_clock::now() +
+                     std::chrono::milliseconds(static_cast<int64_t>(t.final_flush_s * 1000));
+        }
+        bool work = !s->metrics.empty() || !s->artifacts.empty() || !s->final_status.empty();
+        if (!s->connected && (work || !s->stopping)) {
+          next = kConnect;
+        } else if (!s->metrics.empty()) {
+          next = kMetrics;
+          size_t n = std::min(s->metrics.size(), kMaxMetricsPerBatch);
+          batch.assign(s->metrics.begin(), s->metrics.begin() + static_cast<long>(n));
+        } else if (!s->artifacts.empty()) {
+          next = kArtifact;
+          artifact = s->artifacts.front();
+        } else if (!s->final_status.empty()) {
+          next = kStatus;
+          status = s->final_status;
+        } else if (s->stopping) {
+          next = kEnd;
+        } else {
+          s->in_flight = 0;
+          s->cv.notify_all();
+          s->cv.wait(lock, [&] {
+            return s->stopping || !s->metrics.empty() || !s->artifacts.empty() || !s->final_status.empty();
+          });
+          continue;
+        }
+        if (next == kEnd) break;
+        if (s->stopping) {
+          double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+          if (left <= 0) break;
+          client.set_timeout(std::min(t.request_timeout_s, left));
+        }
+        s->in_flight = 1;
+      }
+      try {
+        switch (next) {
+          case kConnect:
+            connect();
+            break;
+          case kMetrics:
+            client.log_batch(run.run_id, batch);
+            break;
+          case kArtifact:
+            client.upload_artifact(run, artifact.first, artifact.second);
+            break;
+          case kStatus:
+            if (own_status) client.set_status(run.run_id, status, now_ms());
+            break;
+          default:
+            break;
+        }
+        std::unique_lock<std::mutex> lock(s->mu);
+        if (s->warned && backoff > 1.0) {
+          std::fprintf(stderr, "cohort: mlflow: %s answers again; the values kept are being sent\n", t.uri.c_str());
+        }
+        backoff = 1.0;
+        if (next == kConnect) s->connected = true;
+        if (next == kMetrics) s->metrics.erase(s->metrics.begin(), s->metrics.begin() + static_cast<long>(batch.size()));
+        if (next == kArtifact) s->artifacts.pop_front();
+        if (next == kStatus) s->final_status.clear();
+      } catch (const MlflowError& e) {
+        fail(e);
+        std::unique_lock<std::mutex> lock(s->mu);
+        if (e.permanent() && next != kConnect) {  // the server will refuse this again: drop it, say so at the end
+          if (next == kMetrics) {
+            s->metrics_dropped += batch.size();
+            s->metrics.erase(s->metrics.begin(), s->metrics.begin() + static_cast<long>(batch.size()));
+          }
+          if (next == kArtifact) {
+            s->artifacts_dropped.push_back(artifact.second);
+            s->artifacts.pop_front();
+          }
+          if (next == kStatus) s->final_status.clear();
+          continue;
+        }
+        if (s->stopping) break;  // the end: one more try for each piece is all a failing server gets
+        s->in_flight = 0;
+        s->cv.notify_all();
+        s->cv.wait_for(lock, std::chrono::duration<double>(backoff), [&] { return s->stopping; });
+        backoff = std::min(backoff * 2, 30.0);
+      } catch (const std::exception& e) {  // a file that vanished, an answer that is not JSON
+        fail(MlflowError(e.what(), 0));
+        std::unique_lock<std::mutex> lock(s->mu);
+        if (next == kArtifact) {
+          s->artifacts_dropped.push_back(artifact.second);
+          s->artifacts.pop_front();
+        } else if (s->stopping) {
+          break;
+        } else {
+          s->in_flight = 0;
+          s->cv.notify_all();
+          s->cv.wait_for(lock, std::chrono::duration<double>(backoff), [&] { return s->stopping; });
+          backoff = std::min(backoff * 2, 30.0);
+        }
+      }
+    }
+    std::unique_lock<std::mutex> lock(s->mu);
+    s->in_flight = 0;
+    s->stopping = true;
+    s->cv.notify_all();
+  });
+}
+
+void MlflowReporter::train(const TrainReport& r) { queue(tensorboard_scalars("train", report_json(r)), r.step); }
+
+void MlflowReporter::eval(const EvalReport& r) { queue(tensorboard_scalars(r.split, report_json(r)), r.step); }
+
+void MlflowReporter::queue(const std::vector<std::pair<std::string, double>>& values, int64_t step) {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  const int64_t at = now_ms();
+  for (const auto& [key, value] : values) s_->metrics.push_back({mlflow_metric_key(key), value, at, step});
+  s_->cv.notify_all();
+}
+
+void MlflowReporter::artifact(const std::string& file, const std::string& artifact_path) {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  s_->artifacts.emplace_back(file, artifact_path);
+  s_->cv.notify_all();
+}
+
+void MlflowReporter::finish(bool ok) {
+  const fs::path dir(s_->target.run_dir);
+  for (const char* name : {"config.toml", "metrics.jsonl", "labels.json"}) {
+    if (fs::exists(dir / name)) artifact((dir / name).string(), name);
+  }
+  if (fs::exists(dir / "metrics.jsonl") && gnuplot_available()) {
+    try {
+      artifact(plot_run(dir.string()), "plots.png");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "cohort: warning: mlflow: no plots.png for the run: %s\n", first_line(e.what()).c_str());
+    }
+  }
+  std::lock_guard<std::mutex> lock(s_->mu);
+  s_->final_status = ok ? "FINISHED" : "KILLED";
+  s_->cv.notify_all();
+}
+
+std::string MlflowReporter::flush() {
+  std::unique_lock<std::mutex> lock(s_->mu);
+  s_->cv.wait(lock, [&] {
+    return s_->stopping || (s_->in_flight == 0 && s_->connected && s_->metrics.empty() && s_->artifacts.empty() &&
+                            s_->final_status.empty()) ||
+           (s_->in_flight == 0 && s_->warned);
+  });
+  const size_t waiting = s_->metrics.size() + s_->artifacts.size();
+  if (waiting == 0 && s_->metrics_dropped == 0 && s_->artifacts_dropped.empty()) return "";
+  return cat(s_->metrics.size() + s_->metrics_dropped, " metric value(s) and ",
+             s_->artifacts.size() + s_->artifacts_dropped.size(), " artifact(s) not sent yet: ", s_->last_error);
+}
+
+MlflowReporter::~MlflowReporter() {
+  {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    s_->stopping = true;
+    s_->cv.notify_all();
+  }
+  if (worker_.joinable()) worker_.join();
+  Shared& s = *s_;
+  Unsent u;
+  u.metrics = s.metrics.size() + s.metrics_dropped;
+  for (const auto& m : s.metrics) {
+    if (u.keys.empty() || m.step < u.first_step) u.first_step = m.step;
+    u.last_step = std::max(u.last_step, m.step);
+    u.keys.insert(m.key);
+  }
+  std::vector<std::string> artifacts = s.artifacts_dropped;
+  for (const auto& a : s.artifacts) artifacts.push_back(a.second);
+  if (u.metrics == 0 && artifacts.empty() && s.final_status.empty()) return;
+  std::string what;
+  if (!s.connected) what = "the run and its params (it was never created), ";
+  if (u.metrics > 0) {
+    what += cat(u.metrics, " metric value(s)");
+    if (!u.keys.empty()) {
+      std::string keys;
+      int shown = 0;
+      for (const auto& k : u.keys) {
+        if (shown++ == 4) {
+          keys += cat(", and ", u.keys.size() - 4, " more");
+          break;
+        }
+        keys += (keys.empty() ? "" : ", ") + k;
+      }
+      what += cat(" (", keys, "; steps ", u.first_step, "-", u.last_step, ")");
+    }
+    what += ", ";
+  }
+  if (!artifacts.empty()) what += cat(artifacts.size(), " artifact(s) (", detail::join(artifacts, ", "), "), ");
+  if (!s.final_status.empty()) what += "the run's final status " + s.final_status + ", ";
+  if (what.empty()) return;
+  what.resize(what.size() - 2);
+  std::fprintf(stderr, "cohort: warning: mlflow: not sent to %s: %s. RUN_DIR/metrics.jsonl and RUN_DIR have them all. Last error: %s\n",
+               s.target.uri.c_str(), what.c_str(), s.last_error.c_str());
+}
+
+std::string mlflow_upload_to_run(const std::string& uri, const std::string& run_dir,
+                                 const std::vector<std::pair<std::string, std::string>>& files) {
+  if (uri.empty()) return "";
+  auto record = read_record(run_dir);
+  if (!record) return "mlflow: " + run_dir + " has no MLflow run (no mlflow.json): nothing sent";
+  try {
+    MlflowClient client(record->uri.empty() ? uri : record->uri, 30);
+    auto run = client.get_run(record->run_id);
+    if (!run) return "mlflow: run " + record->run_id + " is gone from " + client.uri() + ": nothing sent";
+    for (const auto& [file, path] : files) client.upload_artifact(*run, file, path);
+    return cat("mlflow: sent ", files.size(), " file(s) to run ", record->run_id, " at ", client.uri());
+  } catch (const std::exception& e) {
+    return cat("mlflow: not sent (", first_line(e.what()), "); the files are on disk");
+  }
+}
+
+}  // namespace cohort

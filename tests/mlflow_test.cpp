@@ -1,0 +1,144 @@
+// log.mlflow without a working server: keys MLflow accepts, the config's
+// checks, and a server that refuses or never answers. The real server is
+// tests/oracles/mlflow_tracking.py (oracle.mlflow_tracking).
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "cohort/config/config.hpp"
+#include "cohort/core/error.hpp"
+#include "cohort/obs/mlflow.hpp"
+#include "helpers.hpp"
+
+using cohort::test::run_cohort;
+using cohort::test::TempDir;
+
+namespace {
+
+// A loopback socket that listens (so connections succeed through its
+// backlog) but never accepts or answers: a hung tracking server. With
+// `listening` false the port is closed again: a server that is down.
+class Port {
+ public:
+  explicit Port(bool listening) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    socklen_t len = sizeof a;
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    if (listening) {
+      listen(fd_, 64);
+    } else {
+      close(fd_);
+      fd_ = -1;
+    }
+  }
+  ~Port() {
+    if (fd_ >= 0) close(fd_);
+  }
+  std::string uri() const { return "http://127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+cohort::TrainReport report(int64_t step) {
+  cohort::TrainReport r;
+  r.step = step;
+  r.metrics = {{"loss", 0.5}, {"accuracy", 0.25}};
+  return r;
+}
+
+}  // namespace
+
+TEST(Mlflow, MetricKeysAreTheOnesMlflowAccepts) {
+  EXPECT_EQ(cohort::mlflow_metric_key("train/phase_ms/data"), "train/phase_ms/data");
+  EXPECT_EQ(cohort::mlflow_metric_key("valid/f1/noun.animal"), "valid/f1/noun.animal");
+  EXPECT_EQ(cohort::mlflow_metric_key("test/f1/a:b,c"), "test/f1/a_b_c");
+  EXPECT_EQ(cohort::mlflow_metric_key("test/f1/caf\xc3\xa9"), "test/f1/caf__");
+}
+
+TEST(Mlflow, ConfigTakesAnHttpServerOnly) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp);
+  auto bad = run_cohort("train --data.path " + tmp.path() + " --log.mlflow localhost:5000 --out " + tmp / "run");
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("log.mlflow must be a tracking server's http:// or https:// address (got localhost:5000)"),
+            std::string::npos) << bad.err;
+  EXPECT_FALSE(std::filesystem::exists(tmp / "run"));
+  auto empty = run_cohort("train --data.path " + tmp.path() + " --log.mlflow http://x --log.mlflow-experiment '' --out " +
+                          tmp / "run");
+  EXPECT_EQ(empty.code, 2) << empty.err;
+  EXPECT_NE(empty.err.find("log.mlflow-experiment must name an experiment"), std::string::npos) << empty.err;
+}
+
+// A server that is down: the reports queue, and at the end the account
+// names how many values of which metrics, at which steps, were not sent.
+TEST(Mlflow, ADownServerIsWarnedOnceAndWhatWasNotSentIsNamed) {
+  TempDir tmp;
+  Port down(false);
+  cohort::MlflowTarget t;
+  t.uri = down.uri();
+  t.experiment = "x";
+  t.run_dir = tmp.path();
+  t.source = "test";
+  t.final_flush_s = 5;
+  testing::internal::CaptureStderr();
+  {
+    cohort::MlflowReporter r(t);
+    for (int64_t step : {5, 10, 15}) r.train(report(step));
+    std::string pending = r.flush();  // waits for the first failure
+    EXPECT_NE(pending.find("not sent yet"), std::string::npos) << pending;
+  }
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("cohort: warning: mlflow: GET " + t.uri + "/api/2.0/mlflow/experiments/get-by-name"),
+            std::string::npos) << err;
+  const std::string account = "cohort: warning: mlflow: not sent to " + t.uri +
+                              ": the run and its params (it was never created), ";
+  EXPECT_NE(err.find(account), std::string::npos) << err;
+  // Each train report has loss, accuracy and the fixed fields (epoch, lr, ...).
+  EXPECT_NE(err.find(" metric value(s) (train/accuracy, train/epoch, train/idle_ms, train/loss, and "),
+            std::string::npos) << err;
+  EXPECT_NE(err.find("; steps 5-15)"), std::string::npos) << err;
+  EXPECT_EQ(err.find("answers again"), std::string::npos) << err;
+  EXPECT_FALSE(std::filesystem::exists(tmp / "mlflow.json"));
+}
+
+// A server that takes connections and never answers: reporting returns at
+// once (the requests wait on the worker thread), and the end gives up after
+// final_flush_s, naming what was not sent.
+TEST(Mlflow, AHungServerNeverHoldsReportsUp) {
+  TempDir tmp;
+  Port hung(true);
+  cohort::MlflowTarget t;
+  t.uri = hung.uri();
+  t.experiment = "x";
+  t.run_dir = tmp.path();
+  t.source = "test";
+  t.request_timeout_s = 1;
+  t.final_flush_s = 2;
+  testing::internal::CaptureStderr();
+  {
+    cohort::MlflowReporter r(t);
+    for (int64_t step = 1; step <= 200; ++step) r.train(report(step));
+    cohort::EvalReport e;
+    e.step = 200;
+    e.split = "test";
+    e.metrics = {{"loss", 0.4}};
+    r.eval(e);
+    r.finish(true);
+  }
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("timed out"), std::string::npos) << err;
+  EXPECT_NE(err.find("; steps 1-200)"), std::string::npos) << err;
+  EXPECT_NE(err.find("the run's final status FINISHED"), std::string::npos) << err;
+}
