@@ -142,3 +142,24 @@ TEST(Mlflow, AHungServerNeverHoldsReportsUp) {
   EXPECT_NE(err.find("; steps 1-200)"), std::string::npos) << err;
   EXPECT_NE(err.find("the run's final status FINISHED"), std::string::npos) << err;
 }
+
+// A run that fails: the reporter is destroyed while the error unwinds, and
+// the status it sends (or, here, names as not sent) is FAILED.
+TEST(Mlflow, ARunUnwoundByAnErrorIsMarkedFailed) {
+  TempDir tmp;
+  Port down(false);
+  cohort::MlflowTarget t;
+  t.uri = down.uri();
+  t.experiment = "x";
+  t.run_dir = tmp.path();
+  t.source = "test";
+  testing::internal::CaptureStderr();
+  try {
+    cohort::MlflowReporter r(t);
+    r.train(report(1));
+    throw cohort::DataError("a shard went missing");
+  } catch (const cohort::DataError&) {
+  }
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("; steps 1-1), the run's final status FAILED."), std::string::npos) << err;
+}

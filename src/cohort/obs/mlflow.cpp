@@ -51,6 +51,9 @@ size_t append_body(char* data, size_t size, size_t n, void* out) {
   return size * n;
 }
 
+// JSON text that a stray non-UTF-8 byte (a path, a host name) cannot break.
+std::string dumps(const nlohmann::json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
+
 // A JSON number, or MLflow's spelling of the values JSON has none for.
 nlohmann::json metric_value_json(double v) {
   if (std::isnan(v)) return "NaN";
@@ -118,7 +121,11 @@ MlflowRunInfo run_info(const nlohmann::json& run) {
 // A config value as a param: TOML strings without their quotes.
 std::string param_value(std::string v) {
   if (v.size() >= 2 && v.front() == '"' && v.back() == '"') v = v.substr(1, v.size() - 2);
-  if (v.size() > kMaxParamValue) v = v.substr(0, kMaxParamValue - 3) + "...";
+  if (v.size() > kMaxParamValue) {
+    size_t cut = kMaxParamValue - 3;
+    while (cut > 0 && (static_cast<unsigned char>(v[cut]) & 0xC0) == 0x80) --cut;  // not inside a character
+    v = v.substr(0, cut) + "...";
+  }
   return v;
 }
 
@@ -184,8 +191,13 @@ std::string MlflowClient::call(const char* method, const std::string& api_path, 
   curl_easy_setopt(c, CURLOPT_URL, url.c_str());
   curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(std::min(timeout_s_, 5.0) * 1000));
-  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(std::max(timeout_s_, 0.1) * 1000));
+  double timeout = timeout_s_;
+  if (deadline_ != std::chrono::steady_clock::time_point::max()) {
+    timeout = std::min(timeout, std::chrono::duration<double>(deadline_ - std::chrono::steady_clock::now()).count());
+    if (timeout <= 0) throw MlflowError(cat(method, " ", url, ": no time left to send it"), 0);
+  }
+  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(std::max(std::min(timeout, 5.0), 0.001) * 1000));
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(std::max(timeout, 0.001) * 1000));
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, append_body);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, &response);
   curl_easy_setopt(c, CURLOPT_ERRORBUFFER, curl_error);
@@ -210,6 +222,8 @@ std::string MlflowClient::call(const char* method, const std::string& api_path, 
   }
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
   CURLcode rc = curl_easy_perform(c);
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, nullptr);  // curl_error dies with this call
+  curl_easy_setopt(c, CURLOPT_HTTPHEADER, nullptr);
   curl_slist_free_all(headers);
   long status = 0;
   if (rc == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
@@ -231,13 +245,17 @@ std::string MlflowClient::experiment_id(const std::string& name) {
     auto j = nlohmann::json::parse(
         call("GET", "/api/2.0/mlflow/experiments/get-by-name?experiment_name=" + url_escape(name), "",
              "application/json", &status));
+    if (j.at("experiment").value("lifecycle_stage", "active") == "deleted") {
+      throw MlflowError(cat("experiment '", name, "' was deleted on ", uri_,
+                            ": restore it, or name another with log.mlflow-experiment"), 400);
+    }
     return j.at("experiment").at("experiment_id").get<std::string>();
   } catch (const MlflowError& e) {
     if (status != 404) throw;
   }
   try {
     auto j = nlohmann::json::parse(call("POST", "/api/2.0/mlflow/experiments/create",
-                                        nlohmann::json({{"name", name}}).dump(), "application/json", &status));
+                                        dumps(nlohmann::json({{"name", name}})), "application/json", &status));
     return j.at("experiment_id").get<std::string>();
   } catch (const MlflowError& e) {
     if (status != 400) throw;  // another process created it first (RESOURCE_ALREADY_EXISTS): look again
@@ -252,7 +270,7 @@ MlflowRunInfo MlflowClient::create_run(const std::string& experiment_id, const s
   nlohmann::json t = nlohmann::json::array();
   for (const auto& [k, v] : tags) t.push_back({{"key", k}, {"value", v}});
   nlohmann::json body = {{"experiment_id", experiment_id}, {"run_name", run_name}, {"start_time", start_ms}, {"tags", t}};
-  auto j = nlohmann::json::parse(call("POST", "/api/2.0/mlflow/runs/create", body.dump()));
+  auto j = nlohmann::json::parse(call("POST", "/api/2.0/mlflow/runs/create", dumps(body)));
   return run_info(j.at("run"));
 }
 
@@ -282,13 +300,13 @@ void MlflowClient::log_batch(const std::string& run_id, const std::vector<Mlflow
   for (const auto& [k, v] : params) p.push_back({{"key", k}, {"value", v}});
   for (const auto& [k, v] : tags) t.push_back({{"key", k}, {"value", v}});
   nlohmann::json body = {{"run_id", run_id}, {"metrics", m}, {"params", p}, {"tags", t}};
-  call("POST", "/api/2.0/mlflow/runs/log-batch", body.dump());
+  call("POST", "/api/2.0/mlflow/runs/log-batch", dumps(body));
 }
 
 void MlflowClient::set_status(const std::string& run_id, const std::string& status, int64_t end_ms) {
   nlohmann::json body = {{"run_id", run_id}, {"status", status}};
   if (end_ms > 0) body["end_time"] = end_ms;
-  call("POST", "/api/2.0/mlflow/runs/update", body.dump());
+  call("POST", "/api/2.0/mlflow/runs/update", dumps(body));
 }
 
 void MlflowClient::upload_artifact(const MlflowRunInfo& run, const std::string& file, const std::string& path) {
@@ -319,6 +337,26 @@ void MlflowClient::upload_artifact(const MlflowRunInfo& run, const std::string& 
 
 // ---- MlflowReporter ------------------------------------------------------------
 
+namespace {
+
+// What was not sent, kept as counts (a server down for a week must not
+// hold a week of values twice).
+struct Unsent {
+  size_t metrics = 0;
+  int64_t first_step = 0, last_step = 0;
+  std::set<std::string> keys;
+  std::vector<std::string> artifacts;
+  void add(const MlflowMetric& m) {
+    if (metrics++ == 0 || m.step < first_step) first_step = m.step;
+    last_step = std::max(last_step, m.step);
+    keys.insert(m.key);
+  }
+};
+
+constexpr size_t kMaxQueued = 1'000'000;  // metric values held for a server that does not answer (~70 MB)
+
+}  // namespace
+
 // What the caller and the worker share, under `mu`.
 struct MlflowReporter::Shared {
   MlflowTarget target;
@@ -326,195 +364,191 @@ struct MlflowReporter::Shared {
   std::condition_variable cv;
   std::deque<MlflowMetric> metrics;
   std::deque<std::pair<std::string, std::string>> artifacts;  // file, artifact path
-  std::string final_status;   // queued by finish(): "FINISHED", "KILLED"
+  std::string final_status;   // queued by finish() (or a failure): "FINISHED", "KILLED", "FAILED"
+  bool finished = false;      // finish() was called
   bool stopping = false;      // the destructor: send what can be sent, then end
+  bool ended = false;         // the worker is gone
   size_t in_flight = 0;       // requests being sent now (for flush())
-  // The account of what was lost for good (permanent refusals).
-  size_t metrics_dropped = 0;
-  std::vector<std::string> artifacts_dropped;
+  bool own_status = true;     // the status is this reporter's to set
+  Unsent lost;                // refused for good, or given up on at the end
+  std::string status_lost;
   std::string last_error;
   bool warned = false;
-  bool connected = false;      // the run is known (created or continued)
+  bool connected = false;     // the run is known (created or continued)
 };
-
-namespace {
-
-struct Unsent {
-  size_t metrics = 0;
-  int64_t first_step = 0, last_step = 0;
-  std::set<std::string> keys;
-};
-
-}  // namespace
 
 MlflowReporter::MlflowReporter(MlflowTarget target) : s_(std::make_shared<Shared>()) {
   s_->target = std::move(target);
   if (s_->target.run_name.empty()) s_->target.run_name = fs::absolute(s_->target.run_dir).filename().string();
+  s_->own_status = !s_->target.keep_status;
   std::shared_ptr<Shared> s = s_;
   worker_ = std::thread([s] {
-    MlflowTarget& t = s->target;
-    MlflowClient client(t.uri, t.request_timeout_s);
-    MlflowRunInfo run;
-    bool own_status = !t.keep_status;
-    double backoff = 1.0;
-    std::chrono::steady_clock::time_point deadline{};
-    // One attempt at the next piece of work; false when the server failed.
-    auto fail = [&](const MlflowError& e) {
-      std::unique_lock<std::mutex> lock(s->mu);
+    try {
+      work(*s);
+    } catch (const std::exception& e) {  // libcurl that cannot start: nothing can be sent
+      std::lock_guard<std::mutex> lock(s->mu);
       s->last_error = e.what();
-      if (!s->warned) {
-        s->warned = true;
-        std::fprintf(stderr,
-                     "cohort: warning: mlflow: %s; training goes on, and the values wait in memory to be sent "
-                     "(RUN_DIR/metrics.jsonl has them all)\n",
-                     e.what());
-      }
-    };
-    auto connect = [&] {
-      const auto record = t.continue_run ? read_record(t.run_dir) : std::nullopt;
-      if (record && same_server(record->uri) == same_server(t.uri)) {
-        if (auto found = client.get_run(record->run_id)) run = *found;
-      }
-      if (run.run_id.empty()) {
-        own_status = true;
-        std::map<std::string, std::string> tags = {
-            {"mlflow.runName", t.run_name},
-            {"mlflow.source.name", t.source},
-            {"mlflow.source.type", "LOCAL"},
-            {"cohort.run_dir", fs::absolute(t.run_dir).lexically_normal().string()},
-            {"cohort.host", hostname()}};
-        if (const char* user = env("USER")) {
-          tags["mlflow.user"] = user;
-        } else if (const passwd* pw = getpwuid(getuid())) {
-          tags["mlflow.user"] = pw->pw_name;
-        }
-        run = client.create_run(client.experiment_id(t.experiment), t.run_name, now_ms(), tags);
-        write_record(t.run_dir, t.uri, run, t.experiment, t.run_name);
-      } else if (own_status && run.status != "RUNNING") {
-        client.set_status(run.run_id, "RUNNING", 0);
-      }
-      // Params are set once: a value changed on resume (train.max-steps,
-      // say) keeps the first one, as MLflow requires.
-      std::vector<std::pair<std::string, std::string>> params;
-      for (const auto& [key, value] : read_config_values(t.config_toml)) {
-        if (!run.params.count(key)) params.emplace_back(key, param_value(value));
-      }
-      for (size_t i = 0; i < params.size(); i += kMaxParamsPerBatch) {
-        std::vector<std::pair<std::string, std::string>> part(
-            params.begin() + static_cast<long>(i), params.begin() + static_cast<long>(std::min(params.size(), i + kMaxParamsPerBatch)));
-        client.log_batch(run.run_id, {}, part);
-      }
-    };
-    for (;;) {
-      // What to do next, decided under the lock.
-      enum { kConnect, kMetrics, kArtifact, kStatus, kWait, kEnd } next = kWait;
-      std::vector<MlflowMetric> batch;
-      std::pair<std::string, std::string> artifact;
-      std::string status;
-      {
-        std::unique_lock<std::mutex> lock(s->mu);
-        if (s->stopping && deadline == std::chrono::steady_clock::time_point{}) {
-          deadline = std::chrono::steady_clock::now() +
-                     std::chrono::milliseconds(static_cast<int64_t>(t.final_flush_s * 1000));
-        }
-        bool work = !s->metrics.empty() || !s->artifacts.empty() || !s->final_status.empty();
-        if (!s->connected && (work || !s->stopping)) {
-          next = kConnect;
-        } else if (!s->metrics.empty()) {
-          next = kMetrics;
-          size_t n = std::min(s->metrics.size(), kMaxMetricsPerBatch);
-          batch.assign(s->metrics.begin(), s->metrics.begin() + static_cast<long>(n));
-        } else if (!s->artifacts.empty()) {
-          next = kArtifact;
-          artifact = s->artifacts.front();
-        } else if (!s->final_status.empty()) {
-          next = kStatus;
-          status = s->final_status;
-        } else if (s->stopping) {
-          next = kEnd;
-        } else {
-          s->in_flight = 0;
-          s->cv.notify_all();
-          s->cv.wait(lock, [&] {
-            return s->stopping || !s->metrics.empty() || !s->artifacts.empty() || !s->final_status.empty();
-          });
-          continue;
-        }
-        if (next == kEnd) break;
-        if (s->stopping) {
-          double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
-          if (left <= 0) break;
-          client.set_timeout(std::min(t.request_timeout_s, left));
-        }
-        s->in_flight = 1;
-      }
-      try {
-        switch (next) {
-          case kConnect:
-            connect();
-            break;
-          case kMetrics:
-            client.log_batch(run.run_id, batch);
-            break;
-          case kArtifact:
-            client.upload_artifact(run, artifact.first, artifact.second);
-            break;
-          case kStatus:
-            if (own_status) client.set_status(run.run_id, status, now_ms());
-            break;
-          default:
-            break;
-        }
-        std::unique_lock<std::mutex> lock(s->mu);
-        if (s->warned && backoff > 1.0) {
-          std::fprintf(stderr, "cohort: mlflow: %s answers again; the values kept are being sent\n", t.uri.c_str());
-        }
-        backoff = 1.0;
-        if (next == kConnect) s->connected = true;
-        if (next == kMetrics) s->metrics.erase(s->metrics.begin(), s->metrics.begin() + static_cast<long>(batch.size()));
-        if (next == kArtifact) s->artifacts.pop_front();
-        if (next == kStatus) s->final_status.clear();
-      } catch (const MlflowError& e) {
-        fail(e);
-        std::unique_lock<std::mutex> lock(s->mu);
-        if (e.permanent() && next != kConnect) {  // the server will refuse this again: drop it, say so at the end
-          if (next == kMetrics) {
-            s->metrics_dropped += batch.size();
-            s->metrics.erase(s->metrics.begin(), s->metrics.begin() + static_cast<long>(batch.size()));
-          }
-          if (next == kArtifact) {
-            s->artifacts_dropped.push_back(artifact.second);
-            s->artifacts.pop_front();
-          }
-          if (next == kStatus) s->final_status.clear();
-          continue;
-        }
-        if (s->stopping) break;  // the end: one more try for each piece is all a failing server gets
-        s->in_flight = 0;
-        s->cv.notify_all();
-        s->cv.wait_for(lock, std::chrono::duration<double>(backoff), [&] { return s->stopping; });
-        backoff = std::min(backoff * 2, 30.0);
-      } catch (const std::exception& e) {  // a file that vanished, an answer that is not JSON
-        fail(MlflowError(e.what(), 0));
-        std::unique_lock<std::mutex> lock(s->mu);
-        if (next == kArtifact) {
-          s->artifacts_dropped.push_back(artifact.second);
-          s->artifacts.pop_front();
-        } else if (s->stopping) {
-          break;
-        } else {
-          s->in_flight = 0;
-          s->cv.notify_all();
-          s->cv.wait_for(lock, std::chrono::duration<double>(backoff), [&] { return s->stopping; });
-          backoff = std::min(backoff * 2, 30.0);
-        }
-      }
     }
-    std::unique_lock<std::mutex> lock(s->mu);
+    std::lock_guard<std::mutex> lock(s->mu);
     s->in_flight = 0;
-    s->stopping = true;
+    s->ended = true;
     s->cv.notify_all();
   });
+}
+
+void MlflowReporter::work(Shared& sh) {
+  Shared* s = &sh;
+  MlflowTarget& t = s->target;
+  MlflowClient client(t.uri, t.request_timeout_s);
+  MlflowRunInfo run;
+  double backoff = 1.0;
+  bool deadline_set = false;
+  auto fail = [&](const std::string& what) {
+    std::lock_guard<std::mutex> lock(s->mu);
+    s->last_error = what;
+    if (!s->warned) {
+      s->warned = true;
+      std::fprintf(stderr,
+                   "cohort: warning: mlflow: %s; training goes on, and the values wait in memory to be sent "
+                   "(RUN_DIR/metrics.jsonl has them all)\n",
+                   what.c_str());
+    }
+  };
+  auto connect = [&] {
+    const auto record = t.continue_run ? read_record(t.run_dir) : std::nullopt;
+    if (record && same_server(record->uri) == same_server(t.uri)) {
+      if (auto found = client.get_run(record->run_id)) run = *found;
+    }
+    bool own = !t.keep_status;
+    if (run.run_id.empty()) {
+      own = true;
+      std::map<std::string, std::string> tags = {
+          {"mlflow.runName", t.run_name},
+          {"mlflow.source.name", t.source},
+          {"mlflow.source.type", "LOCAL"},
+          {"cohort.run_dir", fs::absolute(t.run_dir).lexically_normal().string()},
+          {"cohort.host", hostname()}};
+      if (const char* user = env("USER")) {
+        tags["mlflow.user"] = user;
+      } else if (const passwd* pw = getpwuid(getuid())) {
+        tags["mlflow.user"] = pw->pw_name;
+      }
+      run = client.create_run(client.experiment_id(t.experiment), t.run_name, now_ms(), tags);
+      write_record(t.run_dir, t.uri, run, t.experiment, t.run_name);
+    } else if (own && run.status != "RUNNING") {
+      client.set_status(run.run_id, "RUNNING", 0);
+    }
+    {
+      std::lock_guard<std::mutex> lock(s->mu);
+      s->own_status = own;
+    }
+    // Params are set once: a value changed on resume (train.max-steps,
+    // say) keeps the first one, as MLflow requires.
+    std::vector<std::pair<std::string, std::string>> params;
+    for (const auto& [key, value] : read_config_values(t.config_toml)) {
+      if (!run.params.count(key)) params.emplace_back(key, param_value(value));
+    }
+    for (size_t i = 0; i < params.size(); i += kMaxParamsPerBatch) {
+      const size_t end = std::min(params.size(), i + kMaxParamsPerBatch);
+      client.log_batch(run.run_id, {},
+                       std::vector<std::pair<std::string, std::string>>(params.begin() + static_cast<long>(i),
+                                                                        params.begin() + static_cast<long>(end)));
+    }
+  };
+  for (;;) {
+    // What to do next, decided under the lock: the run, then metrics, the
+    // status, the artifacts.
+    enum { kConnect, kMetrics, kStatus, kArtifact } next = kConnect;
+    std::vector<MlflowMetric> batch;
+    std::pair<std::string, std::string> artifact;
+    std::string status;
+    {
+      std::unique_lock<std::mutex> lock(s->mu);
+      const bool work = !s->metrics.empty() || !s->artifacts.empty() || !s->final_status.empty();
+      if (!work && (s->stopping || s->connected)) {
+        if (s->stopping) return;
+        s->in_flight = 0;
+        s->cv.notify_all();
+        s->cv.wait(lock, [&] { return s->stopping || !s->metrics.empty() || !s->artifacts.empty() || !s->final_status.empty(); });
+        continue;
+      }
+      if (!s->connected) {
+        next = kConnect;
+      } else if (!s->metrics.empty()) {
+        next = kMetrics;
+        const size_t n = std::min(s->metrics.size(), kMaxMetricsPerBatch);
+        batch.assign(s->metrics.begin(), s->metrics.begin() + static_cast<long>(n));
+      } else if (!s->final_status.empty()) {
+        next = kStatus;
+        status = s->final_status;
+      } else {
+        next = kArtifact;
+        artifact = s->artifacts.front();
+      }
+      if (s->stopping && !deadline_set) {
+        deadline_set = true;
+        // A reporter that was not finished (an elastic world ending, a
+        // failure) holds the process up for a few seconds at most.
+        double flush = s->finished ? t.final_flush_s : std::min(t.final_flush_s, 5.0);
+        client.set_deadline(std::chrono::steady_clock::now() +
+                            std::chrono::milliseconds(static_cast<int64_t>(flush * 1000)));
+      }
+      s->in_flight = 1;
+    }
+    std::string error;
+    bool permanent = false;
+    try {
+      switch (next) {
+        case kConnect:
+          connect();
+          break;
+        case kMetrics:
+          client.log_batch(run.run_id, batch);
+          break;
+        case kStatus:
+          client.set_status(run.run_id, status, now_ms());
+          break;
+        case kArtifact:
+          client.upload_artifact(run, artifact.first, artifact.second);
+          break;
+      }
+    } catch (const MlflowError& e) {
+      error = e.what();
+      permanent = e.permanent() && next != kConnect;  // a refused run set-up may be fixed on the server: retry
+    } catch (const std::exception& e) {  // a file that vanished, an answer that is not JSON
+      error = e.what();
+      permanent = next == kArtifact;
+    }
+    if (!error.empty()) fail(error);
+    std::unique_lock<std::mutex> lock(s->mu);
+    if (error.empty() && s->warned && backoff > 1.0) {
+      std::fprintf(stderr, "cohort: mlflow: %s answers again; the values kept are being sent\n", t.uri.c_str());
+    }
+    if (error.empty()) backoff = 1.0;
+    // Done, refused for good, or (at the end) given up on: off the queue.
+    const bool give_up = !error.empty() && (permanent || s->stopping);
+    if (next == kConnect) {
+      if (error.empty()) s->connected = true;
+      if (!error.empty() && s->stopping) return;  // no run: everything queued stays unsent
+    } else if (error.empty() || give_up) {
+      if (next == kMetrics) {
+        if (give_up) for (const auto& m : batch) s->lost.add(m);
+        s->metrics.erase(s->metrics.begin(), s->metrics.begin() + static_cast<long>(batch.size()));
+      } else if (next == kStatus) {
+        if (give_up) s->status_lost = status;
+        s->final_status.clear();
+      } else {
+        if (give_up) s->lost.artifacts.push_back(artifact.second);
+        s->artifacts.pop_front();
+      }
+    }
+    if (!error.empty() && !give_up) {  // the server may come back: wait, then try again
+      s->in_flight = 0;
+      s->cv.notify_all();
+      s->cv.wait_for(lock, std::chrono::duration<double>(backoff), [&] { return s->stopping; });
+      backoff = std::min(backoff * 2, 30.0);
+    }
+  }
 }
 
 void MlflowReporter::train(const TrainReport& r) { queue(tensorboard_scalars("train", report_json(r)), r.step); }
@@ -524,7 +558,14 @@ void MlflowReporter::eval(const EvalReport& r) { queue(tensorboard_scalars(r.spl
 void MlflowReporter::queue(const std::vector<std::pair<std::string, double>>& values, int64_t step) {
   std::lock_guard<std::mutex> lock(s_->mu);
   const int64_t at = now_ms();
-  for (const auto& [key, value] : values) s_->metrics.push_back({mlflow_metric_key(key), value, at, step});
+  for (const auto& [key, value] : values) {
+    MlflowMetric m{mlflow_metric_key(key), value, at, step};
+    if (s_->metrics.size() >= kMaxQueued) {
+      s_->lost.add(m);  // the server has not answered for a long while: count, do not hold
+    } else {
+      s_->metrics.push_back(std::move(m));
+    }
+  }
   s_->cv.notify_all();
 }
 
@@ -547,6 +588,7 @@ void MlflowReporter::finish(bool ok) {
     }
   }
   std::lock_guard<std::mutex> lock(s_->mu);
+  s_->finished = true;
   s_->final_status = ok ? "FINISHED" : "KILLED";
   s_->cv.notify_all();
 }
@@ -554,57 +596,52 @@ void MlflowReporter::finish(bool ok) {
 std::string MlflowReporter::flush() {
   std::unique_lock<std::mutex> lock(s_->mu);
   s_->cv.wait(lock, [&] {
-    return s_->stopping || (s_->in_flight == 0 && s_->connected && s_->metrics.empty() && s_->artifacts.empty() &&
-                            s_->final_status.empty()) ||
+    return s_->ended || (s_->in_flight == 0 && s_->connected && s_->metrics.empty() && s_->artifacts.empty() &&
+                         s_->final_status.empty()) ||
            (s_->in_flight == 0 && s_->warned);
   });
-  const size_t waiting = s_->metrics.size() + s_->artifacts.size();
-  if (waiting == 0 && s_->metrics_dropped == 0 && s_->artifacts_dropped.empty()) return "";
-  return cat(s_->metrics.size() + s_->metrics_dropped, " metric value(s) and ",
-             s_->artifacts.size() + s_->artifacts_dropped.size(), " artifact(s) not sent yet: ", s_->last_error);
+  const size_t metrics = s_->metrics.size() + s_->lost.metrics;
+  const size_t artifacts = s_->artifacts.size() + s_->lost.artifacts.size();
+  if (metrics == 0 && artifacts == 0) return "";
+  return cat(metrics, " metric value(s) and ", artifacts, " artifact(s) not sent yet: ", s_->last_error);
 }
 
 MlflowReporter::~MlflowReporter() {
   {
     std::lock_guard<std::mutex> lock(s_->mu);
+    // Destroyed while an error unwinds the run: it failed.
+    if (!s_->finished && std::uncaught_exceptions() > 0) s_->final_status = "FAILED";
     s_->stopping = true;
     s_->cv.notify_all();
   }
   if (worker_.joinable()) worker_.join();
   Shared& s = *s_;
-  Unsent u;
-  u.metrics = s.metrics.size() + s.metrics_dropped;
-  for (const auto& m : s.metrics) {
-    if (u.keys.empty() || m.step < u.first_step) u.first_step = m.step;
-    u.last_step = std::max(u.last_step, m.step);
-    u.keys.insert(m.key);
-  }
-  std::vector<std::string> artifacts = s.artifacts_dropped;
-  for (const auto& a : s.artifacts) artifacts.push_back(a.second);
-  if (u.metrics == 0 && artifacts.empty() && s.final_status.empty()) return;
+  Unsent u = s.lost;
+  for (const auto& m : s.metrics) u.add(m);
+  for (const auto& a : s.artifacts) u.artifacts.push_back(a.second);
+  std::string status = !s.final_status.empty() ? s.final_status : s.status_lost;
+  if (!s.own_status) status.clear();  // an attached run's status is not this reporter's to send
+  if (u.metrics == 0 && u.artifacts.empty() && status.empty()) return;
   std::string what;
   if (!s.connected) what = "the run and its params (it was never created), ";
   if (u.metrics > 0) {
-    what += cat(u.metrics, " metric value(s)");
-    if (!u.keys.empty()) {
-      std::string keys;
-      int shown = 0;
-      for (const auto& k : u.keys) {
-        if (shown++ == 4) {
-          keys += cat(", and ", u.keys.size() - 4, " more");
-          break;
-        }
-        keys += (keys.empty() ? "" : ", ") + k;
+    std::string keys;
+    int shown = 0;
+    for (const auto& k : u.keys) {
+      if (shown++ == 4) {
+        keys += cat(", and ", u.keys.size() - 4, " more");
+        break;
       }
-      what += cat(" (", keys, "; steps ", u.first_step, "-", u.last_step, ")");
+      keys += (keys.empty() ? "" : ", ") + k;
     }
-    what += ", ";
+    what += cat(u.metrics, " metric value(s) (", keys, "; steps ", u.first_step, "-", u.last_step, "), ");
   }
-  if (!artifacts.empty()) what += cat(artifacts.size(), " artifact(s) (", detail::join(artifacts, ", "), "), ");
-  if (!s.final_status.empty()) what += "the run's final status " + s.final_status + ", ";
-  if (what.empty()) return;
+  if (!u.artifacts.empty()) what += cat(u.artifacts.size(), " artifact(s) (", detail::join(u.artifacts, ", "), "), ");
+  if (!status.empty()) what += "the run's final status " + status + ", ";
   what.resize(what.size() - 2);
-  std::fprintf(stderr, "cohort: warning: mlflow: not sent to %s: %s. RUN_DIR/metrics.jsonl and RUN_DIR have them all. Last error: %s\n",
+  std::fprintf(stderr,
+               "cohort: warning: mlflow: not sent to %s: %s. RUN_DIR/metrics.jsonl and RUN_DIR have them all. "
+               "Last error: %s\n",
                s.target.uri.c_str(), what.c_str(), s.last_error.c_str());
 }
 

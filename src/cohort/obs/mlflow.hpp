@@ -16,6 +16,7 @@
 // resume, `cohort eval` and `cohort export` add to the same MLflow run.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -71,7 +72,9 @@ class MlflowClient {
   MlflowClient& operator=(const MlflowClient&) = delete;
 
   const std::string& uri() const { return uri_; }
-  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  // No request runs past `when`: each is cut to the time left, and one
+  // asked after it fails at once.
+  void set_deadline(std::chrono::steady_clock::time_point when) { deadline_ = when; }
 
   // The experiment's id, created when there is none by that name.
   std::string experiment_id(const std::string& name);
@@ -96,6 +99,7 @@ class MlflowClient {
 
   std::string uri_;
   double timeout_s_;
+  std::chrono::steady_clock::time_point deadline_ = std::chrono::steady_clock::time_point::max();
   void* curl_ = nullptr;
 };
 
@@ -124,8 +128,11 @@ struct MlflowTarget {
 // (train/loss, test/accuracy, train/phase_ms/data), at their step.
 // finish() queues the artifacts (config.toml, metrics.jsonl, labels.json,
 // the run's plots.png when gnuplot is installed) and the final status; the
-// destructor sends what it can within final_flush_s and prints, on stderr,
-// what could not be sent. Rank 0 only.
+// destructor sends what it can within final_flush_s (5 s at most when
+// finish() was not called: an elastic world that ends, or a failure, which
+// sets the status FAILED) and prints, on stderr, what could not be sent.
+// At most a million values wait for a server that does not answer; later
+// ones are counted as not sent. Rank 0 only.
 class MlflowReporter : public Reporter {
  public:
   explicit MlflowReporter(MlflowTarget target);
@@ -143,6 +150,7 @@ class MlflowReporter : public Reporter {
  private:
   void queue(const std::vector<std::pair<std::string, double>>& values, int64_t step);
   struct Shared;
+  static void work(Shared& s);  // the worker thread's loop
   std::shared_ptr<Shared> s_;
   std::thread worker_;
 };
