@@ -51,6 +51,16 @@ class Port {
   int port_ = 0;
 };
 
+// A reporter's target: `uri`, experiment "x", RUN_DIR `dir`.
+cohort::MlflowTarget target(const std::string& uri, const std::string& dir) {
+  cohort::MlflowTarget t;
+  t.uri = uri;
+  t.experiment = "x";
+  t.run_dir = dir;
+  t.source = "test";
+  return t;
+}
+
 cohort::TrainReport report(int64_t step) {
   cohort::TrainReport r;
   r.step = step;
@@ -86,11 +96,7 @@ TEST(Mlflow, ConfigTakesAnHttpServerOnly) {
 TEST(Mlflow, ADownServerIsWarnedOnceAndWhatWasNotSentIsNamed) {
   TempDir tmp;
   Port down(false);
-  cohort::MlflowTarget t;
-  t.uri = down.uri();
-  t.experiment = "x";
-  t.run_dir = tmp.path();
-  t.source = "test";
+  cohort::MlflowTarget t = target(down.uri(), tmp.path());
   t.final_flush_s = 5;
   testing::internal::CaptureStderr();
   {
@@ -119,11 +125,7 @@ TEST(Mlflow, ADownServerIsWarnedOnceAndWhatWasNotSentIsNamed) {
 TEST(Mlflow, AHungServerNeverHoldsReportsUp) {
   TempDir tmp;
   Port hung(true);
-  cohort::MlflowTarget t;
-  t.uri = hung.uri();
-  t.experiment = "x";
-  t.run_dir = tmp.path();
-  t.source = "test";
+  cohort::MlflowTarget t = target(hung.uri(), tmp.path());
   t.request_timeout_s = 1;
   t.final_flush_s = 2;
   testing::internal::CaptureStderr();
@@ -148,11 +150,7 @@ TEST(Mlflow, AHungServerNeverHoldsReportsUp) {
 TEST(Mlflow, ARunUnwoundByAnErrorIsMarkedFailed) {
   TempDir tmp;
   Port down(false);
-  cohort::MlflowTarget t;
-  t.uri = down.uri();
-  t.experiment = "x";
-  t.run_dir = tmp.path();
-  t.source = "test";
+  cohort::MlflowTarget t = target(down.uri(), tmp.path());
   testing::internal::CaptureStderr();
   try {
     cohort::MlflowReporter r(t);
