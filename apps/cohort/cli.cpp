@@ -147,7 +147,6 @@ std::string option_hint(const CLI::App& sub, const std::string& option) {
   return "";
 }
 
-
 // The flags that start and join ranks (HetSeq's spellings as aliases), on
 // `sub`; `elastic` adds --min-nodes and --max-nodes (train only).
 void add_dist_flags(CLI::App& sub, LaunchOptions& launch, CommOptions& comm_opts, bool elastic) {
