@@ -51,7 +51,7 @@ TEST(Balance, SharesFollowSpeedsDeterministically) {
 }
 
 TEST(Balance, AutoConvergesAndHysteresisStopsOscillation) {
-  Balancer b(Balance::kAuto, 60, 2, {});
+  Balancer b({Balance::kAuto, 60, 2, {}, {}});
   EXPECT_EQ(b.shares(), (std::vector<int64_t>{30, 30}));
   // Rank 1 is twice as slow: 30 samples take it 2 s, rank 0 1 s.
   ASSERT_TRUE(b.update({30, 30}, {1.0, 2.0}));
@@ -68,20 +68,20 @@ TEST(Balance, AutoConvergesAndHysteresisStopsOscillation) {
 }
 
 TEST(Balance, ModesAndResume) {
-  EXPECT_EQ(Balancer(Balance::kWeights, 64, 2, {2.0, 1.0}).shares(), (std::vector<int64_t>{43, 21}));
-  EXPECT_FALSE(Balancer(Balance::kWeights, 64, 2, {2.0, 1.0}).update({1, 1}, {1, 9}));
-  EXPECT_FALSE(Balancer(Balance::kEqual, 64, 2, {}).update({1, 1}, {1, 9}));
+  EXPECT_EQ(Balancer({Balance::kWeights, 64, 2, {2.0, 1.0}, {}}).shares(), (std::vector<int64_t>{43, 21}));
+  EXPECT_FALSE(Balancer({Balance::kWeights, 64, 2, {2.0, 1.0}, {}}).update({1, 1}, {1, 9}));
+  EXPECT_FALSE(Balancer({Balance::kEqual, 64, 2, {}, {}}).update({1, 1}, {1, 9}));
   std::string err;
   try {
-    Balancer(Balance::kWeights, 64, 3, {2.0, 1.0});
+    Balancer({Balance::kWeights, 64, 3, {2.0, 1.0}, {}});
   } catch (const ConfigError& e) {
     err = e.what();
   }
   EXPECT_NE(err.find("data.balance-weights has 2 weight(s) but the world has 3"), std::string::npos) << err;
   // auto resumes its shares at the same world size and batch; else equal.
-  EXPECT_EQ(Balancer(Balance::kAuto, 64, 2, {}, {41, 23}).shares(), (std::vector<int64_t>{41, 23}));
-  EXPECT_EQ(Balancer(Balance::kAuto, 64, 3, {}, {41, 23}).shares(), (std::vector<int64_t>{22, 21, 21}));
-  EXPECT_EQ(Balancer(Balance::kAuto, 96, 2, {}, {41, 23}).shares(), (std::vector<int64_t>{48, 48}));
+  EXPECT_EQ(Balancer({Balance::kAuto, 64, 2, {}, {41, 23}}).shares(), (std::vector<int64_t>{41, 23}));
+  EXPECT_EQ(Balancer({Balance::kAuto, 64, 3, {}, {41, 23}}).shares(), (std::vector<int64_t>{22, 21, 21}));
+  EXPECT_EQ(Balancer({Balance::kAuto, 96, 2, {}, {41, 23}}).shares(), (std::vector<int64_t>{48, 48}));
 }
 
 // The split changes twice mid-epoch, while the loaders have steps built

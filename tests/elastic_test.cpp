@@ -71,7 +71,7 @@ std::map<std::string, torch::Tensor> final_model(const std::string& run) {
 // A tiny MLP run long enough to lose a host in: 240 samples, 20 steps an
 // epoch; rank 0 of every world is slowed so that the run lasts seconds.
 std::string elastic_args(const TempDir& tmp, const std::string& master, int port, int epochs) {
-  return cohort::test::format(
+  return cohort::strf(
       " train --model.name mlp --model.dropout 0 --data.global-batch 12 --train.epochs %d --log.every-steps 1 "
       "--log.sample-ids --dist.timeout 30 --init-method tcp://%s:%d --nnodes 3 --min-nodes 2 --quiet "
       "--data.path %s --out %s",
@@ -146,7 +146,7 @@ TEST(Elastic, HostKilledMidEpochTheOthersFinishFromMemory) {
   expect_every_sample_once(tmp / "run", 240, 4);
 
   // The same run checkpointed at `resumed` on three ranks and resumed on two.
-  const std::string fixed = cohort::test::format(
+  const std::string fixed = cohort::strf(
       " train --model.name mlp --model.dropout 0 --data.global-batch 12 --train.epochs 4 --ckpt.every-steps 1 "
       "--ckpt.keep 100 --quiet --data.path %s --oversubscribe",
       tmp.path().c_str());
@@ -230,7 +230,7 @@ TEST(Elastic, FewerThanMinNodesFallsBackToTheLauncher) {
   TempDir tmp;
   cohort::test::write_tiny_dataset(tmp, 240);
   int port = cohort::test::free_port();
-  const std::string args = cohort::test::format(
+  const std::string args = cohort::strf(
       " train --model.name mlp --data.global-batch 12 --train.epochs 8 --log.every-steps 1 --dist.timeout 4 "
       "--init-method tcp://127.0.0.1:%d --nnodes 2 --min-nodes 2 --quiet --data.path %s --out %s",
       port, tmp.path().c_str(), (tmp / "run").c_str());
@@ -266,7 +266,7 @@ TEST(Elastic, MultiRankNodeIsLostAsAWhole) {
   TempDir tmp;
   cohort::test::write_tiny_dataset(tmp, 240);
   int port = cohort::test::free_port();
-  const std::string args = cohort::test::format(
+  const std::string args = cohort::strf(
       " train --model.name mlp --model.dropout 0 --data.global-batch 12 --train.epochs 4 --log.every-steps 1 "
       "--log.sample-ids --dist.timeout 30 --init-method tcp://127.0.0.1:%d --nnodes 2 --min-nodes 1 --quiet "
       "--nproc-per-node 2 --oversubscribe --data.path %s --out %s",
@@ -292,7 +292,7 @@ TEST(Elastic, NewcomersTheJobCannotTakeAreKeptOut) {
   TempDir tmp;
   cohort::test::write_tiny_dataset(tmp, 240);
   int port = cohort::test::free_port();
-  const std::string args = cohort::test::format(
+  const std::string args = cohort::strf(
       " train --model.name mlp --data.global-batch 12 --train.epochs 6 --log.every-steps 1 --dist.timeout 30 "
       "--init-method tcp://127.0.0.1:%d --nnodes 2 --min-nodes 1 --max-nodes 2 --quiet --data.path %s --out %s",
       port, tmp.path().c_str(), (tmp / "run").c_str());
@@ -366,7 +366,7 @@ TEST_P(ElasticLoss, TheStepInFlightKeepsItsRecords) {
   std::vector<std::unique_ptr<Background>> nodes;
   for (int n = 0; n < 3; ++n) {
     // The first world's ranks follow the node ranks.
-    std::string env = n == lost.rank ? cohort::test::format("env COHORT_DEBUG_DIE=%d:13:%s ", n, lost.point) : "";
+    std::string env = n == lost.rank ? cohort::strf("env COHORT_DEBUG_DIE=%d:13:%s ", n, lost.point) : "";
     nodes.push_back(std::make_unique<Background>(env + COHORT_BIN + args + " --node-rank " + std::to_string(n), tmp,
                                                  "n" + std::to_string(n)));
   }
@@ -378,7 +378,9 @@ TEST_P(ElasticLoss, TheStepInFlightKeepsItsRecords) {
   }
   const std::string metrics = tmp / "run/metrics.jsonl";
   auto changes = lines_of_kind(metrics, "membership");
-  ASSERT_EQ(changes.size(), 1u) << read_file(metrics);
+  std::string said;  // the changes first: a long log is cut in the middle
+  for (const auto& c : changes) said += c.dump() + "\n";
+  ASSERT_EQ(changes.size(), 1u) << said << survivors_out << read_file(metrics);
   EXPECT_EQ(changes[0]["world_size"], 2);
   EXPECT_EQ(changes[0]["step"], 13) << changes[0].dump();
   std::vector<int64_t> steps;

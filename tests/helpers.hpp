@@ -4,7 +4,6 @@
 #include <sys/wait.h>
 
 #include <algorithm>
-#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "cohort/config/config.hpp"
+#include "cohort/core/format.hpp"
 
 namespace cohort::test {
 
@@ -35,19 +35,6 @@ class TempDir {
  private:
   std::string path_;
 };
-
-// printf into a std::string.
-inline std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-inline std::string format(const char* fmt, ...) {
-  va_list args, again;
-  va_start(args, fmt);
-  va_copy(again, args);
-  std::string out(static_cast<size_t>(std::max(0, std::vsnprintf(nullptr, 0, fmt, args))), '\0');
-  std::vsnprintf(out.data(), out.size() + 1, fmt, again);
-  va_end(again);
-  va_end(args);
-  return out;
-}
 
 // The message of what `fn` throws, or "(no error)".
 inline std::string error_of(const std::function<void()>& fn) {

@@ -243,6 +243,13 @@ constexpr TiedAlias kHuggingFaceAliases[] = {
 
 }  // namespace
 
+NamedTensors module_tensors(torch::nn::Module& module) {
+  NamedTensors out;
+  for (auto& item : module.named_parameters()) out.emplace_back(item.key(), item.value());
+  for (auto& item : module.named_buffers()) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
 void load_model_weights(torch::nn::Module& module, const std::string& path) {
   auto weights = load_safetensors(path);
   torch::NoGradGuard no_grad;

@@ -98,6 +98,9 @@ class Checkpoints {
 // the file and tensor.
 void load_model_weights(torch::nn::Module& module, const std::string& safetensors_path);
 
+// A module's parameters and buffers by name (shared with the module: no copy).
+NamedTensors module_tensors(torch::nn::Module& module);
+
 // What load_model_weights_partial did.
 struct WeightsLoad {
   int64_t loaded = 0;

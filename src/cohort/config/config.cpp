@@ -655,7 +655,7 @@ std::string ConfigBinding::to_toml() const {
 
 namespace {
 
-// Upper bounds of train.threads and data.workers (see the README's table).
+// Upper bounds of train.threads and data.workers (see docs/configuration.md's table).
 constexpr int kMaxThreads = 1024;
 constexpr int kMaxWorkers = 256;
 

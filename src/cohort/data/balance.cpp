@@ -5,6 +5,8 @@
 #include <numeric>
 
 #include "cohort/core/error.hpp"
+#include "cohort/core/format.hpp"
+#include "cohort/data/loader.hpp"
 
 namespace cohort {
 
@@ -80,17 +82,16 @@ double predicted_seconds(const std::vector<int64_t>& shares, const std::vector<d
   return worst;
 }
 
-Balancer::Balancer(Balance mode, int64_t global_batch, int world_size, const std::vector<double>& weights,
-                   const std::vector<int64_t>& resumed)
-    : mode_(mode), global_batch_(global_batch), speeds_(static_cast<size_t>(world_size), 0.0) {
-  shares_ = split_by_weights(global_batch, std::vector<int64_t>(static_cast<size_t>(world_size), 1));
-  if (mode == Balance::kWeights) {
-    COHORT_CHECK(static_cast<int>(weights.size()) == world_size, ConfigError, "data.balance-weights has ",
-                 weights.size(), " weight(s) but the world has ", world_size, " rank(s): give one per rank");
-    shares_ = shares_for_speeds(global_batch, weights, 0);
-  } else if (mode == Balance::kAuto && static_cast<int>(resumed.size()) == world_size &&
-             std::accumulate(resumed.begin(), resumed.end(), int64_t{0}) == global_batch) {
-    shares_ = resumed;
+Balancer::Balancer(const BalancerOptions& o)
+    : mode_(o.mode), global_batch_(o.global_batch), speeds_(static_cast<size_t>(o.world_size), 0.0) {
+  shares_ = split_by_weights(o.global_batch, std::vector<int64_t>(static_cast<size_t>(o.world_size), 1));
+  if (o.mode == Balance::kWeights) {
+    COHORT_CHECK(static_cast<int>(o.weights.size()) == o.world_size, ConfigError, "data.balance-weights has ",
+                 o.weights.size(), " weight(s) but the world has ", o.world_size, " rank(s): give one per rank");
+    shares_ = shares_for_speeds(o.global_batch, o.weights, 0);
+  } else if (o.mode == Balance::kAuto && static_cast<int>(o.resumed.size()) == o.world_size &&
+             std::accumulate(o.resumed.begin(), o.resumed.end(), int64_t{0}) == o.global_batch) {
+    shares_ = o.resumed;
   }
 }
 
@@ -115,6 +116,40 @@ bool Balancer::update(const std::vector<double>& samples, const std::vector<doub
   if (predicted_seconds(proposal, speeds) > (1.0 - kHysteresis) * predicted_seconds(shares_, speeds)) return false;
   shares_ = std::move(proposal);
   return true;
+}
+
+std::string describe_split(const std::vector<int64_t>& shares) {
+  std::string out;
+  for (size_t r = 0; r < shares.size(); ++r) {
+    out += strf("%srank %zu %lld%s", r ? ", " : "", r, static_cast<long long>(shares[r]), r ? "" : " samples");
+  }
+  return out;
+}
+
+SpeedBalance::SpeedBalance(Balancer& balancer, Loader& loader, int rank, int world_size, int64_t every,
+                           int64_t first_step)
+    : balancer_(balancer), loader_(loader), rank_(rank), world_size_(world_size), every_(every),
+      first_step_(first_step) {}
+
+std::string SpeedBalance::after_step(int64_t step, int64_t total, int64_t samples, double compute_s, const Sum& sum) {
+  if (balancer_.mode() != Balance::kAuto || world_size_ < 2) return "";
+  if (step > first_step_ + 1) {
+    window_samples_ += static_cast<double>(samples);
+    window_compute_s_ += compute_s;
+  }
+  if ((step - first_step_) % every_ != 0 || step == total) return "";
+  std::vector<double> mine(2 * static_cast<size_t>(world_size_), 0.0);
+  mine[static_cast<size_t>(rank_)] = window_samples_;
+  mine[static_cast<size_t>(world_size_ + rank_)] = window_compute_s_;
+  auto all = sum(mine);
+  window_samples_ = window_compute_s_ = 0;
+  std::vector<double> per_rank(all.begin(), all.begin() + world_size_), seconds(all.begin() + world_size_, all.end());
+  if (!balancer_.update(per_rank, seconds)) return "";
+  loader_.reshare(balancer_.shares());
+  std::string speeds;
+  for (double s : balancer_.speeds()) speeds += strf("%s%.0f", speeds.empty() ? "" : ", ", s);
+  return strf("balance: step %lld: %s (measured %s samples/s)", static_cast<long long>(step),
+              describe_split(balancer_.shares()).c_str(), speeds.c_str());
 }
 
 }  // namespace cohort

@@ -1,4 +1,5 @@
-// defines: split_by_weights, weighted_slice, shares_for_speeds, predicted_seconds, Balancer
+// defines: split_by_weights, weighted_slice, shares_for_speeds, predicted_seconds, describe_split,
+//          BalancerOptions, Balancer, SpeedBalance
 //
 // Ranks of different speeds (data.balance). Each global batch is dealt to
 // ranks as contiguous shares whose sizes follow integer weights, the
@@ -12,6 +13,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "cohort/config/choice.hpp"
@@ -37,17 +40,26 @@ std::vector<int64_t> shares_for_speeds(int64_t n, const std::vector<double>& spe
 // The step time a split predicts: the slowest rank's share / speed.
 double predicted_seconds(const std::vector<int64_t>& shares, const std::vector<double>& speeds);
 
+// "rank 0 41 samples, rank 1 23"
+std::string describe_split(const std::vector<int64_t>& shares);
+
+struct BalancerOptions {
+  Balance mode = Balance::kEqual;
+  int64_t global_batch = 1;
+  int world_size = 1;
+  std::vector<double> weights;  // data.balance-weights (mode weights), one per rank
+  // A checkpoint's shares: used by auto at the same world size and global
+  // batch; otherwise auto starts equal.
+  std::vector<int64_t> resumed;
+};
+
 class Balancer {
  public:
   // A new split must predict a step at least this much faster to replace
   // the current one: measurement noise then cannot make it oscillate.
   static constexpr double kHysteresis = 0.05;
 
-  // `weights`: data.balance-weights (mode weights), one per rank.
-  // `resumed`: a checkpoint's shares, used by auto at the same world size
-  // and global batch; otherwise auto starts equal.
-  Balancer(Balance mode, int64_t global_batch, int world_size, const std::vector<double>& weights,
-           const std::vector<int64_t>& resumed = {});
+  explicit Balancer(const BalancerOptions& o);
 
   Balance mode() const { return mode_; }
   // The shares of a full global batch, one per rank; they sum to it.
@@ -65,6 +77,32 @@ class Balancer {
   int64_t global_batch_;
   std::vector<int64_t> shares_;
   std::vector<double> speeds_;  // 0: not measured yet
+};
+
+class Loader;
+
+// data.balance = auto over a world's steps: each rank's samples and compute
+// seconds are pooled every `every` steps (one collective, through `sum`),
+// and when the Balancer picks a new split the loader deals the coming steps
+// by it. The world's first step (warm-up) is not measured. Collective
+// contract: every rank calls after_step at every step with the same `step`.
+class SpeedBalance {
+ public:
+  // An all-reduce (sum) over the ranks.
+  using Sum = std::function<std::vector<double>(const std::vector<double>&)>;
+
+  SpeedBalance(Balancer& balancer, Loader& loader, int rank, int world_size, int64_t every, int64_t first_step);
+  // After step `step` of `total`, with this rank's share of it. Returns
+  // "balance: step 40: rank 0 41 samples, rank 1 23 (measured 410, 230
+  // samples/s)" when the split changed, "" otherwise.
+  std::string after_step(int64_t step, int64_t total, int64_t samples, double compute_s, const Sum& sum);
+
+ private:
+  Balancer& balancer_;
+  Loader& loader_;
+  int rank_, world_size_;
+  int64_t every_, first_step_;
+  double window_samples_ = 0, window_compute_s_ = 0;  // this rank's, since the last measurement
 };
 
 }  // namespace cohort

@@ -8,33 +8,11 @@
 #include <sys/stat.h>
 
 #include "cohort/core/error.hpp"
+#include "cohort/core/gz_file.hpp"
 
 namespace cohort {
 
 namespace {
-
-struct GzCloser {
-  void operator()(gzFile_s* f) const { gzclose(f); }
-};
-using GzFile = std::unique_ptr<gzFile_s, GzCloser>;
-
-// Reads exactly n bytes; returns how many were read before EOF.
-size_t read_bytes(gzFile f, const std::string& path, void* dst, size_t n) {
-  auto* p = static_cast<char*>(dst);
-  size_t got = 0;
-  while (got < n) {
-    unsigned chunk = static_cast<unsigned>(std::min<size_t>(n - got, 1u << 30));
-    int r = gzread(f, p + got, chunk);
-    if (r < 0) {
-      int errnum = 0;
-      const char* msg = gzerror(f, &errnum);
-      throw DataError(detail::cat(path, ": corrupt or unreadable (", msg, ")"));
-    }
-    if (r == 0) break;
-    got += static_cast<size_t>(r);
-  }
-  return got;
-}
 
 const char* dtype_name(int code) {
   switch (code) {
@@ -51,12 +29,10 @@ const char* dtype_name(int code) {
 }  // namespace
 
 IdxArray read_idx(const std::string& path) {
-  GzFile f(gzopen(path.c_str(), "rb"));
-  COHORT_CHECK(f != nullptr, DataError, path, ": cannot open (", std::strerror(errno), ")");
-  gzbuffer(f.get(), 1 << 20);
+  GzFile f = open_gz_input(path);
 
   unsigned char head[4];
-  size_t got = read_bytes(f.get(), path, head, 4);
+  size_t got = gz_read_full(f.get(), path, head, 4);
   COHORT_CHECK(got == 4, DataError, path, ": truncated: ", got, " bytes, too short for an IDX header");
   COHORT_CHECK(head[0] == 0 && head[1] == 0, DataError, path,
                ": not an IDX file (magic bytes ", int(head[0]), ",", int(head[1]), ", expected 0,0)");
@@ -70,7 +46,7 @@ IdxArray read_idx(const std::string& path) {
   int64_t total = 1;
   for (int d = 0; d < ndims; ++d) {
     unsigned char b[4];
-    got = read_bytes(f.get(), path, b, 4);
+    got = gz_read_full(f.get(), path, b, 4);
     COHORT_CHECK(got == 4, DataError, path, ": truncated in the header (dimension ", d, ")");
     int64_t dim = (int64_t(b[0]) << 24) | (int64_t(b[1]) << 16) | (int64_t(b[2]) << 8) | int64_t(b[3]);
     COHORT_CHECK(dim >= 1 && dim < (int64_t(1) << 31), DataError, path, ": dimension ", d,
@@ -92,11 +68,11 @@ IdxArray read_idx(const std::string& path) {
   COHORT_CHECK(total <= room, DataError, path, ": truncated: header promises ", total, " data bytes, file has ",
                compressed ? detail::cat("at most ", room, " (compressed)") : detail::cat(room));
   out.data = torch::empty(out.dims, torch::kUInt8);
-  got = read_bytes(f.get(), path, out.data.data_ptr(), static_cast<size_t>(total));
+  got = gz_read_full(f.get(), path, out.data.data_ptr(), static_cast<size_t>(total));
   COHORT_CHECK(got == static_cast<size_t>(total), DataError, path, ": truncated: header promises ",
                total, " data bytes, file has ", got);
   char extra;
-  COHORT_CHECK(read_bytes(f.get(), path, &extra, 1) == 0, DataError, path,
+  COHORT_CHECK(gz_read_full(f.get(), path, &extra, 1) == 0, DataError, path,
                ": has bytes after the ", total, " the header promises; is it the right file?");
   return out;
 }

@@ -150,6 +150,27 @@ void roll_call(c10d::Store& store, const RankSpec& spec, const CommOptions& opts
   }
 }
 
+// A Gloo group over `store`: on dist.iface when set, else on the address
+// this host uses to reach the rendezvous host (tcp://), else Gloo's default.
+// Connecting is bounded by `connect_timeout`; collectives by dist.timeout.
+c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo_group(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                      int size, const RankSpec& spec, const CommOptions& opts,
+                                                      milliseconds connect_timeout) {
+  auto go = c10d::ProcessGroupGloo::Options::create(connect_timeout);
+  if (!opts.iface.empty()) {
+    go->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(opts.iface));
+  } else {
+    std::string addr = spec.init.kind == InitMethod::Kind::kTcp
+                           ? local_address_towards(spec.init.host, spec.init.port) : "";
+    go->devices.push_back(addr.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
+                                       : c10d::ProcessGroupGloo::createDeviceForHostname(addr));
+  }
+  go->threads = 2;
+  auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, go);
+  pg->setTimeout(opts.timeout);
+  return pg;
+}
+
 }  // namespace
 
 struct Comm::Impl {
@@ -378,19 +399,8 @@ std::unique_ptr<Comm> Comm::connect(const RankSpec& spec, const CommOptions& opt
   }
 
   try {
-    auto go = c10d::ProcessGroupGloo::Options::create(opts.timeout);
-    std::string iface = opts.iface;
-    if (!iface.empty()) {
-      go->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(iface));
-    } else {
-      std::string addr = spec.init.kind == InitMethod::Kind::kTcp
-                             ? local_address_towards(spec.init.host, spec.init.port) : "";
-      go->devices.push_back(addr.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
-                                         : c10d::ProcessGroupGloo::createDeviceForHostname(addr));
-    }
-    go->threads = 2;
-    impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(
-        c10::make_intrusive<c10d::PrefixStore>("gloo", impl->store), spec.rank, spec.world_size, go);
+    impl->pg = gloo_group(c10::make_intrusive<c10d::PrefixStore>("gloo", impl->store), spec.rank, spec.world_size,
+                          spec, opts, opts.timeout);
 #ifdef USE_C10D_NCCL
     if (nccl) {
       // A dead or stalled peer must end the job, not hang it: async error
@@ -429,14 +439,7 @@ std::unique_ptr<Comm> Comm::form(const World& world, const RankSpec& spec, const
   try {
     // Connecting is bounded more tightly than collectives: a member that
     // died after the decision must not hold the others for dist.timeout.
-    auto go = c10d::ProcessGroupGloo::Options::create(std::min(opts.timeout, milliseconds(15000)));
-    std::string addr = opts.iface.empty() ? local_address_towards(spec.init.host, spec.init.port) : "";
-    go->devices.push_back(!opts.iface.empty() ? c10d::ProcessGroupGloo::createDeviceForInterface(opts.iface)
-                          : addr.empty()      ? c10d::ProcessGroupGloo::createDefaultDevice()
-                                              : c10d::ProcessGroupGloo::createDeviceForHostname(addr));
-    go->threads = 2;
-    impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, world.rank, world.world_size, go);
-    impl->pg->setTimeout(opts.timeout);
+    impl->pg = gloo_group(store, world.rank, world.world_size, spec, opts, std::min(opts.timeout, milliseconds(15000)));
   } catch (const std::exception& e) {
     std::string why = detail::cat("could not form the process group of ", world.world_size, " ranks: ",
                                   detail::first_line(e.what()));

@@ -389,7 +389,7 @@ std::unique_ptr<Comm> Membership::form_next(int64_t step) {
     }
     COHORT_CHECK(before.empty() || before[0].config == me.config || me.prev_rank >= 0, UsageError, "node ",
                  spec_.node_rank, ": the running job at ", spec_.init.text, " has another shared config than this "
-                 "node's; start it with the job's config (README: Scopes)");
+                 "node's; start it with the job's config (docs/configuration.md: Scopes)");
     int64_t slot = store_->add(gen_key(g, "count"), 1) - 1;
     store_->set(detail::cat(gen_key(g, "slot/"), slot), bytes_of(me.encode()));
     const Clock::time_point opened = Clock::now();
@@ -487,7 +487,7 @@ std::unique_ptr<Comm> Membership::form_next(int64_t step) {
     if (mine) break;
     COHORT_CHECK(decided.empty() || decided[0].config == me.config, UsageError, "node ", spec_.node_rank,
                  ": the running job at ", spec_.init.text, " has another shared config than this node's; start it "
-                 "with the job's config (README: Scopes)");
+                 "with the job's config (docs/configuration.md: Scopes)");
     // Left out (late, or judged silent): ask for the next generation as a newcomer.
     me.prev_rank = -1;
     me.step = -1;

@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "cohort/core/error.hpp"
+#include "cohort/core/gz_file.hpp"
 #include "cohort/text/prepare.hpp"
 
 namespace cohort::text {
@@ -21,58 +22,11 @@ namespace {
 
 bool ends_with(std::string_view s, std::string_view suffix);
 
-struct GzCloser {
-  void operator()(gzFile_s* f) const { gzclose(f); }
-};
-using GzFile = std::unique_ptr<gzFile_s, GzCloser>;
-
-// Opens `path` for reading through zlib, which reads plain files as they are
-// and gzip (and dictzip) files decompressed.
-GzFile open_input(const std::string& path) {
-  struct stat st;
-  COHORT_CHECK(::stat(path.c_str(), &st) == 0, DataError, path, ": cannot open (", std::strerror(errno), ")");
-  COHORT_CHECK(!S_ISDIR(st.st_mode), DataError, path, ": is a directory, expected a file");
-  GzFile f(gzopen(path.c_str(), "rb"));
-  COHORT_CHECK(f != nullptr, DataError, path, ": cannot open (", std::strerror(errno), ")");
-  gzbuffer(f.get(), 1 << 20);
-  // zlib reads a file that is not gzip as it is: for a name that promises
-  // compression that is a wrong file, not text.
-  if (ends_with(path, ".gz") || ends_with(path, ".dz")) {
-    char first = 0;
-    int got = gzread(f.get(), &first, 1);
-    COHORT_CHECK(got <= 0 || !gzdirect(f.get()), DataError, path,
-                 ": not gzip-compressed, though its name ends in ", path.substr(path.size() - 3),
-                 " (a wrong or damaged file?)");
-    gzrewind(f.get());
-  }
-  return f;
-}
-
-// Reads up to n bytes; 0 at the end. DataError on a corrupt stream.
-size_t read_some(gzFile f, const std::string& path, char* dst, size_t n) {
-  int r = gzread(f, dst, static_cast<unsigned>(std::min<size_t>(n, 1u << 30)));
-  if (r < 0) {
-    int errnum = 0;
-    const char* msg = gzerror(f, &errnum);
-    throw DataError(detail::cat(path, ": corrupt or unreadable (", errnum == Z_ERRNO ? std::strerror(errno) : msg,
-                                ")"));
-  }
-  if (r == 0) {
-    // The end; zlib returns what it could decompress of a truncated stream
-    // and only says so here.
-    int errnum = Z_OK;
-    const char* msg = gzerror(f, &errnum);
-    COHORT_CHECK(errnum == Z_OK, DataError, path, ": truncated or corrupt compressed data (", msg,
-                 "); nothing of it is used. Is the file complete?");
-  }
-  return static_cast<size_t>(r);
-}
-
 std::string read_all(const std::string& path) {
-  GzFile f = open_input(path);
+  GzFile f = open_gz_input(path);
   std::string out;
   std::vector<char> buf(1 << 20);
-  for (size_t got; (got = read_some(f.get(), path, buf.data(), buf.size())) > 0;) out.append(buf.data(), got);
+  for (size_t got; (got = gz_read_some(f.get(), path, buf.data(), buf.size())) > 0;) out.append(buf.data(), got);
   return out;
 }
 
@@ -464,7 +418,7 @@ size_t bad_text_bytes(std::string_view s) {
 }  // namespace
 
 std::vector<Document> read_text_documents(const std::string& path) {
-  GzFile f = open_input(path);
+  GzFile f = open_gz_input(path);
   std::vector<Document> docs(1);
   size_t bytes = 0, bad = 0;
   auto take_line = [&](std::string_view line) {
@@ -479,7 +433,7 @@ std::vector<Document> read_text_documents(const std::string& path) {
   };
   std::vector<char> buf(1 << 20);
   std::string carry;
-  for (size_t got; (got = read_some(f.get(), path, buf.data(), buf.size())) > 0;) {
+  for (size_t got; (got = gz_read_some(f.get(), path, buf.data(), buf.size())) > 0;) {
     std::string_view chunk(buf.data(), got);
     size_t pos = 0;
     for (size_t eol; (eol = chunk.find('\n', pos)) != std::string_view::npos; pos = eol + 1) {

@@ -5,7 +5,7 @@
 // BertPreTokenizer and WordPiece), which is what users of BERT run; its
 // Unicode behaviour is read off tokenizers itself by
 // scripts/gen_unicode_tables.py. Where it differs from Google BERT's
-// tokenization.py, Cohort follows HF (README, "WordPiece"). HF's passes (clean
+// tokenization.py, Cohort follows HF (docs/design.md, the tokenizer). HF's passes (clean
 // text, space CJK characters, strip accents, lowercase, split on whitespace
 // and punctuation) each work character by character, so they are fused here
 // into one pass over the code points. One known difference: NFD's canonical

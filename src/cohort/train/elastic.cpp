@@ -2,9 +2,16 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <sstream>
 
+#include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/distributed/comm.hpp"
+#include "cohort/distributed/grad_sync.hpp"
+#include "cohort/data/order.hpp"
 #include "cohort/distributed/membership.hpp"
+#include "cohort/train/run_dir.hpp"
 #include "cohort/train/trainer.hpp"
 
 namespace cohort {
@@ -103,6 +110,63 @@ RunSummary train_elastic(const Config& cfg, Membership& membership, const RunOpt
     std::fprintf(stderr, "cohort: %s; forming a new world (holding step %lld)\n", cause.c_str(),
                  static_cast<long long>(held ? held->state.step : -1));
   }
+}
+
+std::shared_ptr<Handover> capture_handover(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                           const TrainState& state, int world_size, int64_t train_samples) {
+  auto h = std::make_shared<Handover>();
+  h->state.step = state.step;
+  h->state.cursor = state.cursor;
+  h->state.samples_seen = state.samples_seen;
+  h->state.world_size = world_size;
+  h->state.train_samples = train_samples;
+  h->state.balance_shares = state.balance_shares;
+  torch::NoGradGuard no_grad;
+  for (auto& [name, t] : module_tensors(module)) h->model.emplace_back(name, t.detach().clone());
+  std::ostringstream os;
+  torch::save(optimizer, os);
+  h->optimizer = os.str();
+  if (state.scaler.enabled()) h->scaler = state.scaler.state().clone();
+  return h;
+}
+
+bool adopt_handover(Comm& comm, const Handover* held, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                    TrainState& state) {
+  const bool main_holds = comm.world().is_main() && held;
+  if (comm.all_reduce_sum(std::vector<double>{main_holds ? 1.0 : 0.0}, "state handover")[0] == 0) return false;
+  torch::NoGradGuard no_grad;
+  std::string blob;
+  if (main_holds) {
+    std::map<std::string, torch::Tensor> by_name(held->model.begin(), held->model.end());
+    for (auto& [name, t] : module_tensors(module)) {
+      auto it = by_name.find(name);
+      COHORT_CHECK(it != by_name.end() && it->second.sizes() == t.sizes(), Error,
+                   "state handover: the previous world's model lacks ", name);
+      t.copy_(it->second);
+    }
+    blob = encode_handover(*held);
+  }
+  broadcast_module(comm, module);
+  comm.broadcast_bytes(blob, 0, "state handover");
+  Handover got = decode_handover(blob);
+  std::istringstream opt_in(got.optimizer);
+  torch::load(optimizer, opt_in);
+  if (got.scaler.defined()) state.scaler.restore(got.scaler);
+  state.step = got.state.step;
+  state.cursor = got.state.cursor;
+  state.samples_seen = got.state.samples_seen;
+  state.balance_shares.clear();
+  // A survivor goes on with its own stream, as it stood after that step.
+  if (held && held->state.step == state.step && held->rng.defined()) set_cpu_rng_state(held->rng);
+  return true;
+}
+
+size_t complete_sample_ids(const std::string& run_dir, const Handover& held, const GlobalOrder& order, int rank) {
+  if (held.state.step == 0) return 0;
+  const Cursor c = held.step_cursor;
+  auto perm = order.permutation(c.epoch);
+  std::vector<int64_t> ids(perm->begin() + c.consumed, perm->begin() + c.consumed + order.batch_size_at(c));
+  return RunDir(run_dir).complete_sample_ids(held.state.step, c.epoch, ids, rank);
 }
 
 }  // namespace cohort

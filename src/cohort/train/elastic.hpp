@@ -1,4 +1,4 @@
-// defines: train_elastic
+// defines: train_elastic, capture_handover, adopt_handover, complete_sample_ids
 //
 // Training in an elastic world (the launcher's --min-nodes). Each world is
 // one generation of members agreed by Membership; a Trainer runs in it until
@@ -25,11 +25,17 @@
 #include <functional>
 #include <memory>
 
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
 #include "cohort/config/config.hpp"
 #include "cohort/train/run.hpp"
+#include "cohort/train/train_state.hpp"
 
 namespace cohort {
 
+class Comm;
+class GlobalOrder;
 class Membership;
 struct World;
 
@@ -37,5 +43,26 @@ struct World;
 // testing aids that target a rank).
 RunSummary train_elastic(const Config& cfg, Membership& membership, const RunOptions& run,
                          const std::function<void(const World&, RunOptions&)>& per_world);
+
+// Step 2: this process's model, optimizer and state at the last completed
+// step, cloned, without collectives. The trainer adds the step's records
+// (RNG, cursor, train line, open interval).
+std::shared_ptr<Handover> capture_handover(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                           const TrainState& state, int world_size, int64_t train_samples);
+
+// Step 4, collective: when the new world's rank 0 holds a Handover, every
+// rank takes its parameters, optimizer, step, cursor, samples and loss scale
+// by broadcast; returns false (nothing changed) when it holds none. Every
+// survivor keeps its own RNG stream, newcomers their seed-derived ones, and
+// data.balance = auto measures the new world afresh (the old split was per
+// rank of the old world: the shares are cleared).
+bool adopt_handover(Comm& comm, const Handover* held, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                    TrainState& state);
+
+// Rank 0 of a world that goes on from memory (log.sample-ids): the step
+// held was applied by every member of the last world, but a member lost
+// right after it may not have logged its share of the step's sample ids.
+// Logs the missing ones for it; returns how many.
+size_t complete_sample_ids(const std::string& run_dir, const Handover& held, const GlobalOrder& order, int rank);
 
 }  // namespace cohort

@@ -20,7 +20,7 @@
 #include "cohort/train/run.hpp"
 #include "cohort/train/runtime.hpp"
 #include "cohort/train/task.hpp"
-#include "cohort/train/trainer.hpp"
+#include "cohort/train/reporting.hpp"
 
 namespace cohort {
 

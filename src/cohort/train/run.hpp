@@ -18,6 +18,7 @@
 #include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/config/config.hpp"
 #include "cohort/obs/reporter.hpp"
+#include "cohort/train/step_point.hpp"
 #include "cohort/train/train_state.hpp"
 
 namespace cohort {
@@ -25,13 +26,6 @@ namespace cohort {
 class Reporter;
 
 enum class RunMode { kFresh, kOverwrite, kResume };
-
-// Named moments of a training step, where RunOptions::at is called.
-enum class StepPoint {
-  kBegin,    // step N is about to take its batch
-  kApplied,  // step N's update is applied; nothing of it is logged yet
-  kLine,     // step N's train line is agreed on every rank; rank 0 writes it next
-};
 
 struct RunOptions {
   std::string out_dir;       // RUN_DIR
@@ -55,13 +49,7 @@ struct RunOptions {
   // `cohort eval`: reports add to the run's records (its MLflow run keeps
   // its status); false: a training run.
   bool evaluation = false;
-  int debug_delay_ms = 0;    // testing aid: sleep this long in every forward
-  double debug_slowdown = 1; // testing aid: compute this many times slower (sleeps)
-  // Testing aid, called with step N at each StepPoint (null: never): the
-  // app installs it from COHORT_DEBUG_GATE and COHORT_DEBUG_DIE, so that a
-  // test holds a job at a step or kills a rank at a chosen moment instead of
-  // guessing how fast the machine is.
-  std::function<void(StepPoint, int64_t)> at;
+  StepHook at;  // testing aid (step_point.hpp)
 
   RunMode mode() const { return resume || from_peers ? RunMode::kResume : overwrite ? RunMode::kOverwrite : RunMode::kFresh; }
 };

@@ -44,6 +44,15 @@ void RunDir::refuse_fresh_over_a_run(RunMode mode) const {
                ", or pass --overwrite");
 }
 
+void RunDir::write_run_files(const std::vector<std::pair<std::string, std::string>>& files, RunMode mode) const {
+  for (const auto& [name, text] : files) {
+    const fs::path file = fs::path(path_) / name;
+    if (mode == RunMode::kResume && name.rfind("tokenizer/", 0) == 0 && fs::exists(file)) continue;
+    fs::create_directories(file.parent_path());
+    write_file_atomically(file.string(), text);
+  }
+}
+
 std::vector<std::string> RunDir::prepare(RunMode mode, const std::string& config_toml, int64_t resumed_step) const {
   COHORT_CHECK(!path_.empty(), UsageError, "--out RUN_DIR is required");
   fs::path dir(path_);

@@ -42,6 +42,10 @@ class RunDir {
   // kResume first removes partial checkpoints (checkpoints/.tmp-*) and
   // temporaries a crash or a full disk left.
   std::vector<std::string> prepare(RunMode mode, const std::string& config_toml, int64_t resumed_step) const;
+  // A task's files (Task::run_files: name relative to RUN_DIR, text), each
+  // written atomically. A resume keeps the tokenizer the run started with,
+  // whatever its data.path says now.
+  void write_run_files(const std::vector<std::pair<std::string, std::string>>& files, RunMode mode) const;
 
   // Elastic: a world that lost a member right after step `step` (its update
   // applied everywhere) may have left the step's records incomplete. These

@@ -2,6 +2,9 @@
 
 #include <filesystem>
 #include <mutex>
+#include <sstream>
+
+#include <torch/serialize.h>
 
 #include "cohort/core/error.hpp"
 #include "cohort/distributed/comm.hpp"
@@ -46,6 +49,38 @@ void TrainState::restore(const ResolvedCheckpoint& from, const World& world) {
   auto it = rng.tensors.find("rank." + std::to_string(world.rank));
   COHORT_CHECK(it != rng.tensors.end(), DataError, from.dir, "/rng.safetensors lacks rank.", world.rank);
   set_cpu_rng_state(it->second);
+}
+
+std::string encode_handover(const Handover& h) {
+  torch::serialize::OutputArchive a;
+  const CheckpointState& s = h.state;
+  a.write("state", torch::tensor({s.step, s.cursor.epoch, s.cursor.consumed, s.samples_seen,
+                                  static_cast<int64_t>(s.world_size)}, torch::kInt64));
+  a.write("optimizer", torch::from_blob(const_cast<char*>(h.optimizer.data()),
+                                        {static_cast<int64_t>(h.optimizer.size())}, torch::kUInt8));
+  if (h.scaler.defined()) a.write("scaler", h.scaler);
+  std::ostringstream os;
+  a.save_to(os);
+  return os.str();
+}
+
+Handover decode_handover(const std::string& blob) {
+  torch::serialize::InputArchive a;
+  a.load_from(blob.data(), blob.size());
+  torch::Tensor fields, opt;
+  Handover h;
+  a.read("state", fields);
+  a.read("optimizer", opt);
+  COHORT_CHECK(fields.numel() == 5 && fields.scalar_type() == torch::kInt64, Error,
+               "state handover: unreadable state record (", fields.numel(), " fields)");
+  h.optimizer.assign(static_cast<const char*>(opt.data_ptr()), static_cast<size_t>(opt.numel()));
+  a.try_read("scaler", h.scaler);
+  auto f = fields.data_ptr<int64_t>();
+  h.state.step = f[0];
+  h.state.cursor = {f[1], f[2]};
+  h.state.samples_seen = f[3];
+  h.state.world_size = static_cast<int>(f[4]);
+  return h;
 }
 
 }  // namespace cohort

@@ -1,4 +1,4 @@
-// defines: TrainState, Handover, cpu_rng_state, set_cpu_rng_state
+// defines: TrainState, Handover, encode_handover, decode_handover, cpu_rng_state, set_cpu_rng_state
 //
 // What a checkpoint must hold beyond weights and optimizer for a resumed run
 // to go on as if never stopped: the step, the data cursor, the sample count,
@@ -61,6 +61,13 @@ struct Handover {
   int64_t first_step = 0;
   std::chrono::steady_clock::time_point started;
 };
+
+// What a new world's rank 0 sends the others of a Handover, as one blob:
+// the step, cursor, samples and world size, the optimizer's archive and the
+// loss scale (the weights go by a module broadcast). decode_handover fills
+// those fields of a Handover and leaves the rest empty.
+std::string encode_handover(const Handover& h);
+Handover decode_handover(const std::string& blob);
 
 // The default CPU generator's state, and setting it.
 torch::Tensor cpu_rng_state();

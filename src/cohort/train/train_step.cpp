@@ -3,7 +3,6 @@
 #include <torch/cuda.h>
 
 #include <optional>
-#include <thread>
 
 #include "cohort/core/error.hpp"
 #include "cohort/distributed/comm.hpp"
@@ -61,6 +60,7 @@ StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch
     const Example& micro = batch.micro[m];
     if (micro.empty()) continue;
     auto t0 = Clock::now();
+    if (parts.at) parts.at(StepPoint::kForwardBegin, state.step + 1);
     TaskOutput out;
     {
       std::optional<DropoutRows> rows;
@@ -72,15 +72,13 @@ StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch
       AutocastScope autocast(parts.precision, parts.device);
       out = parts.task.forward(to_device(micro, parts.device));
     }
-    if (parts.debug_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(parts.debug_delay_ms));
+    if (parts.at) parts.at(StepPoint::kForwardDone, state.step + 1);
     auto t1 = timer.lap(Phase::kForward, t0);
     torch::Tensor loss = out.loss_sums.at(0) / units[0];
     for (size_t i = 1; i < out.loss_sums.size(); ++i) loss = loss + out.loss_sums[i] / units[i];
     state.scaler.scale(loss).backward();
     if (parts.time_on_device && parts.device.is_cuda()) torch::cuda::synchronize();
-    if (parts.debug_slowdown > 1) {  // a device this many times slower
-      std::this_thread::sleep_for(std::chrono::duration<double>((parts.debug_slowdown - 1) * seconds_since(t0)));
-    }
+    if (parts.at) parts.at(StepPoint::kBackwardDone, state.step + 1);
     auto t2 = timer.lap(Phase::kBackward, t1);
     result.compute_s += std::chrono::duration<double>(t2 - t0).count();
     result.samples += batch.micro_rows.at(m).size();

@@ -17,6 +17,7 @@
 #include "cohort/eval/tally.hpp"
 #include "cohort/train/optim.hpp"
 #include "cohort/train/phase_timer.hpp"
+#include "cohort/train/step_point.hpp"
 
 namespace cohort {
 
@@ -25,21 +26,22 @@ class GradSync;
 class Task;
 struct TrainState;
 
-// What a step works with; owned by the trainer.
+// What a step works with; owned by the trainer, set field by field.
 struct StepParts {
+  StepParts(Task& task, Comm& comm, GradSync& grad_sync, torch::optim::Optimizer& optimizer, const LrSchedule& schedule)
+      : task(task), comm(comm), grad_sync(grad_sync), optimizer(optimizer), schedule(schedule) {}
   Task& task;
   Comm& comm;
   GradSync& grad_sync;
   torch::optim::Optimizer& optimizer;
   const LrSchedule& schedule;
-  Precision precision;  // resolved: fp32, bf16 or fp16
-  c10::Device device;
+  Precision precision = Precision::kFp32;  // resolved: fp32, bf16 or fp16
+  c10::Device device = c10::Device(c10::kCPU);
   double clip_norm = 0;
   DropoutRng dropout_rng = DropoutRng::kSample;
-  uint64_t seed = 0;          // train.seed: keys per-sample dropout masks
+  uint64_t seed = 0;            // train.seed: keys per-sample dropout masks
   bool time_on_device = false;  // data.balance = auto: compute_s waits for a GPU's kernels
-  int debug_delay_ms = 0;     // testing aid: a slow rank
-  double debug_slowdown = 1;  // testing aid: compute this many times slower
+  StepHook at;                  // testing aid, at kForwardBegin, kForwardDone and kBackwardDone
 };
 
 struct StepResult {

@@ -1,4 +1,4 @@
-// defines: Trainer, default_reporter, rank_reporter
+// defines: Trainer
 #pragma once
 
 #include <memory>
@@ -10,19 +10,19 @@
 namespace cohort {
 
 class Comm;
-class Reporter;
-class ReporterFanOut;
-struct World;
 
 // Runs a training job for this rank. Cross-rank contract: every rank
 // constructs the Trainer with the same Config and calls run(); steps,
 // evaluations and collectives happen in the same order on all ranks, and
 // every few steps the ranks check that they agree on step and cursor.
 //
-// Made of parts, each with one job: the run dir (run_dir.hpp), the train
-// state a checkpoint captures (train_state.hpp), one step (train_step.hpp),
-// the phase timer (phase_timer.hpp), the reporter (obs/reporter.hpp) and
-// evaluation (evaluate.hpp).
+// Made of parts, each with one job: the start-up checks every rank passes
+// (startup.hpp), the data's order and step count (data_plan.hpp), one step
+// (train_step.hpp), speed balancing (data/balance.hpp), the run dir
+// (run_dir.hpp), the train state a checkpoint captures (train_state.hpp),
+// the best checkpoint and early stopping (best.hpp), evaluation
+// (evaluate.hpp), where reports go (reporting.hpp) and the elastic hand-over
+// (elastic.hpp). Trainer::run is the loop that strings them together.
 class Trainer {
  public:
   Trainer(Config cfg, Comm& comm, RunOptions run);
@@ -37,13 +37,5 @@ class Trainer {
   struct Parts;
   std::unique_ptr<Parts> p_;
 };
-
-// The console (unless run.quiet), RUN_DIR/metrics.jsonl and, as `log`
-// asks, RUN_DIR/tensorboard/ and an MLflow run. Rank 0 only.
-std::shared_ptr<ReporterFanOut> default_reporter(const RunOptions& run, const LogOptions& log);
-
-// Where this rank reports: rank 0 to run.reporter, or the default one; the
-// other ranks to a silent Reporter.
-std::shared_ptr<Reporter> rank_reporter(const RunOptions& run, const World& world, const LogOptions& log);
 
 }  // namespace cohort

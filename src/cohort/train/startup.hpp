@@ -1,0 +1,68 @@
+// defines: on_main_then_agree, shared_config_fingerprint, agree_startup, StartPoint, agree_start_point
+//
+// What the ranks check with one another before training, so that ranks
+// started differently fail at once, naming the key, the rank and the value,
+// instead of drifting apart or hanging inside a collective later. Every
+// function here is collective unless said otherwise: every rank calls it, in
+// the same order.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "cohort/config/choice.hpp"
+#include "cohort/core/error.hpp"
+#include "cohort/distributed/comm.hpp"
+
+namespace cohort {
+
+// Work only rank 0 does ahead of a collective: if it fails there, every
+// rank fails now (rank 0 with its own error, the others with its exit code)
+// instead of waiting out dist.timeout in the next collective.
+template <class Fn>
+void on_main_then_agree(Comm& comm, const char* what, Fn fn) {
+  std::exception_ptr error;
+  int code = 0;  // rank 0's exit code: every rank exits with it
+  if (comm.world().is_main()) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      error = std::current_exception();
+      code = e.exit_code();
+    } catch (...) {
+      error = std::current_exception();
+      code = 1;
+    }
+  }
+  double failed = comm.all_reduce_sum(std::vector<double>{static_cast<double>(code)}, what)[0];
+  if (error) std::rethrow_exception(error);
+  if (failed != 0) throw Error(detail::cat("rank 0 failed in the ", what, "; its error says why"), static_cast<int>(failed));
+}
+
+// The shared config's fingerprint (16 hex digits): equal on the ranks and
+// nodes of one job, whatever their per-node keys. Not collective.
+std::string shared_config_fingerprint(const std::string& config_toml);
+
+// First thing in a run: every shared config key is compared (a difference
+// names the key, the ranks and this rank's value: ConfigError), and
+// train.precision is resolved: auto follows each machine's CPU, so bf16 only
+// where every rank has it. Every multi-rank CPU job runs the precision
+// collective, whatever its setting, so ranks started with different configs
+// still meet the config check.
+Precision agree_startup(Comm& comm, const std::string& config_toml, Precision requested);
+
+// Where a run starts, once model, data and state are built: every rank
+// must hold the same.
+struct StartPoint {
+  std::string out_dir;      // each rank resumes from what it finds here
+  std::string config_toml;  // the run's config
+  int64_t step = 0;
+  int64_t train_samples = 0;
+  int64_t total_steps = 0;
+  std::vector<int64_t> shares;  // data.balance's split of a global batch
+};
+void agree_start_point(Comm& comm, const StartPoint& p);
+
+}  // namespace cohort
