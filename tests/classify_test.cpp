@@ -13,15 +13,17 @@
 #include "cohort/data/text_classify.hpp"
 #include "cohort/distributed/comm.hpp"
 #include "cohort/distributed/rendezvous.hpp"
-#include "cohort/text/wordnet.hpp"
+#include "cohort/prep/wordnet.hpp"
 #include "cohort/text/wordpiece.hpp"
 #include "cohort/train/evaluate.hpp"
 #include "cohort/train/run.hpp"
 #include "cohort/train/task.hpp"
 #include "helpers.hpp"
+#include "thread_world.hpp"
 
 using namespace cohort;
 using namespace cohort::text;
+using namespace cohort::prep;
 using cohort::test::error_of;
 using cohort::test::read_file;
 using cohort::test::run_cohort;
@@ -41,19 +43,6 @@ std::string error_reading(const std::string& path, const LabelSet& labels = {}, 
   TextClassifyOptions o;
   o.columns.text_pair = pair;
   return error_of([&] { TextClassification(path, wp, o, labels); });
-}
-
-// A world of n ranks as threads of this process, through file://.
-std::unique_ptr<Comm> thread_rank(int rank, int n, const std::string& file) {
-  RankSpec s;
-  s.rank = s.local_rank = rank;
-  s.world_size = s.local_world_size = n;
-  s.init = parse_init_method("file://" + file);
-  s.host_store = rank == 0;
-  CommOptions o;
-  o.timeout = std::chrono::seconds(60);
-  o.device = DeviceKind::kCpu;
-  return Comm::connect(s, o);
 }
 
 // The tiny corpus's sentences as a 3-class task: which animal a sentence
@@ -215,13 +204,13 @@ TEST(BertClassify, FineTunesFromAPretrainingCheckpointWithMetricsIdenticalAtAnyW
   for (int n : {1, 2, 3}) {
     std::vector<std::pair<std::string, double>> got;
     std::string out = tmp / ("predict-" + std::to_string(n) + ".jsonl");
-    cohort::test::spawn(n, [&](int rank) {
-      auto comm = thread_rank(rank, n, tmp / ("store-" + std::to_string(n)));
-      auto task = make_task(plan.cfg, comm->world());
-      load_model_weights(*task->module(), plan.run.resume->dir + "/model.safetensors");
-      Tally tally = evaluate(*task, *task->eval_set("test"), *comm, {7, 0});  // batches of 7: ragged shares
+    cohort::test::spawn_world(n, [&](Comm& comm) {
+      int rank = comm.rank();
+      auto task = make_task(plan.cfg, comm.world());
+      load_model_weights(*task->module(), plan.run.checkpoint()->dir + "/model.safetensors");
+      Tally tally = evaluate(*task, *task->eval_set("test"), comm, {7, 0});  // batches of 7: ragged shares
       if (rank == 0) got = task->report(tally);
-      predict_checkpoint(plan.cfg, *comm, plan.run, tmp / "animals/test.tsv", out);
+      predict_checkpoint(plan.cfg, comm, plan.run, tmp / "animals/test.tsv", out);
     });
     metrics.push_back(got);
     predictions.emplace_back();

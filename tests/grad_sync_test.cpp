@@ -6,23 +6,12 @@
 #include "cohort/distributed/comm.hpp"
 #include "cohort/distributed/grad_sync.hpp"
 #include "helpers.hpp"
+#include "thread_world.hpp"
 
 using namespace cohort;
-using cohort::test::spawn;
+using cohort::test::spawn_world;
 
 namespace {
-
-std::unique_ptr<Comm> join(int rank, int n, int port) {
-  RankSpec s;
-  s.rank = s.local_rank = rank;
-  s.world_size = s.local_world_size = n;
-  s.init = parse_init_method("tcp://127.0.0.1:" + std::to_string(port));
-  s.host_store = rank == 0;
-  CommOptions o;
-  o.timeout = std::chrono::seconds(30);
-  o.device = DeviceKind::kCpu;
-  return Comm::connect(s, o);
-}
 
 // Parameters of assorted sizes: 7 tensors, 4 bytes per element.
 struct Params : torch::nn::Module {
@@ -77,14 +66,13 @@ class GradSyncMatchesFlat : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GradSyncMatchesFlat, BitIdentical) {
   Case c = GetParam();
-  int port = cohort::test::free_port();
-  spawn(c.world, [&](int rank) {
-    auto comm = join(rank, c.world, port);
+  spawn_world(c.world, [&](Comm& comm) {
+    int rank = comm.rank();
     Params m;
     GradSyncOptions o;
     o.bucket_cap_bytes = c.cap;
     o.first_bucket_bytes = c.first;
-    GradSync sync(*comm, m, o);
+    GradSync sync(comm, m, o);
     EXPECT_EQ(sync.buckets().size(), c.expect_buckets);
     std::vector<bool> all(7, true);
 
@@ -105,7 +93,7 @@ TEST_P(GradSyncMatchesFlat, BitIdentical) {
       sync.prepare(false);
       integer_loss(m, rank, micro, all).backward();
     }
-    all_reduce_gradients(*comm, m);
+    all_reduce_gradients(comm, m);
     auto flat = grads_of(m);
     for (size_t k = 0; k < flat.size(); ++k) EXPECT_TRUE(torch::equal(bucketed[k], flat[k])) << "parameter " << k;
   });
@@ -138,11 +126,10 @@ TEST(GradSync, BucketLayout) {
 }
 
 TEST(GradSync, UnusedParameterDoesNotHang) {
-  int port = cohort::test::free_port();
-  spawn(3, [&](int rank) {
-    auto comm = join(rank, 3, port);
+  spawn_world(3, [&](Comm& comm) {
+    int rank = comm.rank();
     Params m;
-    GradSync sync(*comm, m, {});
+    GradSync sync(comm, m, {});
     std::vector<bool> used(7, true);
     used[2] = rank != 1;  // rank 1 never touches p2
     used[5] = false;      // nobody touches p5
@@ -162,13 +149,12 @@ TEST(GradSync, UnusedParameterDoesNotHang) {
 class GradSyncCompression : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(GradSyncCompression, IsCloseToTheExactSum) {
-  int port = cohort::test::free_port();
-  spawn(2, [&](int rank) {
-    auto comm = join(rank, 2, port);
+  spawn_world(2, [&](Comm& comm) {
+    int rank = comm.rank();
     Params m;
     GradSyncOptions o;
     o.compression = parse_choice<Compression>("dist.grad-compression", GetParam());
-    GradSync sync(*comm, m, o);
+    GradSync sync(comm, m, o);
     std::vector<bool> all(7, true);
     sync.prepare(true);
     integer_loss(m, rank, 0, all).backward();
@@ -177,7 +163,7 @@ TEST_P(GradSyncCompression, IsCloseToTheExactSum) {
     zero_grads(m);
     sync.prepare(false);
     integer_loss(m, rank, 0, all).backward();
-    all_reduce_gradients(*comm, m);
+    all_reduce_gradients(comm, m);
     auto exact = grads_of(m);
     for (size_t k = 0; k < exact.size(); ++k) {
       EXPECT_EQ(compressed[k].scalar_type(), torch::kFloat32) << k;
@@ -193,7 +179,7 @@ TEST_P(GradSyncCompression, IsCloseToTheExactSum) {
       net->weight.copy_(torch::randn({8, 16}, gen));
       net->bias.copy_(torch::randn({8}, gen));
     }
-    GradSync wire(*comm, *net, o);
+    GradSync wire(comm, *net, o);
     auto x = torch::randn({4, 16}, torch::Generator(at::detail::createCPUGenerator(7 + rank)));
     wire.prepare(true);
     net->forward(x).pow(2).sum().backward();
@@ -204,14 +190,14 @@ TEST_P(GradSyncCompression, IsCloseToTheExactSum) {
     wire.prepare(false);
     net->forward(x).pow(2).sum().backward();
     auto mine = net->weight.grad().clone();
-    all_reduce_gradients(*comm, *net);
+    all_reduce_gradients(comm, *net);
     auto summed = net->weight.grad().clone();
     // Rounding each rank's gradient and then the sum to a unit roundoff u
     // errs by at most about 2u times the sum of the magnitudes, however much
     // the ranks' gradients cancel.
     net->weight.mutable_grad().copy_(mine.abs());
     net->bias.mutable_grad().zero_();
-    all_reduce_gradients(*comm, *net);
+    all_reduce_gradients(comm, *net);
     const bool bf16 = std::string(GetParam()) == "bf16";
     const double u = bf16 ? 1.0 / 256 : 1.0 / 2048;
     auto bound = net->weight.grad() * (2.5 * u) + 1e-6;
@@ -232,16 +218,15 @@ INSTANTIATE_TEST_SUITE_P(WireDtypes, GradSyncCompression, ::testing::Values("fp1
 // A real network, random floats: with 2 ranks the sum is order-free, so the
 // result must be bit-identical too.
 TEST(GradSync, MlpGradientsMatchFlat) {
-  int port = cohort::test::free_port();
-  spawn(2, [&](int rank) {
-    auto comm = join(rank, 2, port);
+  spawn_world(2, [&](Comm& comm) {
+    int rank = comm.rank();
     torch::manual_seed(0);
     torch::nn::Sequential net(torch::nn::Linear(16, 64), torch::nn::ReLU(), torch::nn::Linear(64, 64),
                               torch::nn::ReLU(), torch::nn::Linear(64, 3));
     GradSyncOptions o;
     o.bucket_cap_bytes = 8 << 10;
     o.first_bucket_bytes = 1 << 10;
-    GradSync sync(*comm, *net, o);
+    GradSync sync(comm, *net, o);
     EXPECT_GT(sync.buckets().size(), 2u);
     auto x = torch::randn({8, 16}, torch::Generator(at::detail::createCPUGenerator(100 + rank)));
     sync.prepare(true);
@@ -252,7 +237,7 @@ TEST(GradSync, MlpGradientsMatchFlat) {
     for (auto& p : net->parameters()) p.grad().zero_();
     sync.prepare(false);
     net->forward(x).pow(2).sum().backward();
-    all_reduce_gradients(*comm, *net);
+    all_reduce_gradients(comm, *net);
     size_t k = 0;
     for (auto& p : net->parameters()) EXPECT_TRUE(torch::equal(bucketed[k++], p.grad()));
   });

@@ -109,6 +109,31 @@ TEST(Idx, TruncatedDataIsReportedWithByteCounts) {
   EXPECT_NE(error_of(tmp / "h").find("truncated"), std::string::npos);
 }
 
+// A download cut off mid-stream: the gzip file itself is short, and the
+// message still counts the data bytes (not just "corrupt").
+TEST(Idx, GzipCutMidStreamIsReportedWithByteCounts) {
+  TempDir tmp;
+  std::vector<uint8_t> data(4000);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>((i * 7919) >> 3);
+  write_gz(tmp / "whole.gz", idx_bytes(0x08, {40, 100}, data));
+  std::string gz = cohort::test::read_file(tmp / "whole.gz");
+  write_file(tmp / "cut.gz", gz.substr(0, gz.size() / 2));
+  std::string msg = error_of(tmp / "cut.gz");
+  EXPECT_NE(msg.find(tmp / "cut.gz"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("truncated: header promises 4000 data bytes, file has"), std::string::npos) << msg;
+}
+
+// Uncompressed IDX under a .gz name (a file gunzipped in place, then
+// renamed back) reads as it is, as zlib tools read it.
+TEST(Idx, PlainContentUnderAGzNameIsRead) {
+  TempDir tmp;
+  std::vector<uint8_t> data = {1, 2, 3, 4, 5, 6};
+  write_file(tmp / "p.gz", idx_bytes(0x08, {2, 3}, data));
+  IdxArray a = cohort::read_idx(tmp / "p.gz");
+  ASSERT_EQ(a.dims, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(a.data[1][2].item<int>(), 6);
+}
+
 TEST(Idx, BadHeaderAndTrailingBytes) {
   TempDir tmp;
   write_file(tmp / "magic", "PK\x03\x04 not an idx file at all");

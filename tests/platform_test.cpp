@@ -12,6 +12,7 @@
 
 #include "cohort/distributed/comm.hpp"
 #include "helpers.hpp"
+#include "thread_world.hpp"
 
 using namespace cohort;
 namespace fs = std::filesystem;
@@ -40,19 +41,10 @@ TEST(Platform, LibtorchIsTwoX) {
 }
 
 TEST(Platform, OneGlooOnlyTheOneInsideLibtorch) {
-  int port = test::free_port();
-  test::spawn(2, [&](int rank) {
-    RankSpec s;
-    s.rank = s.local_rank = rank;
-    s.world_size = s.local_world_size = 2;
-    s.init = parse_init_method("tcp://127.0.0.1:" + std::to_string(port));
-    s.host_store = rank == 0;
-    CommOptions o;
-    o.timeout = std::chrono::seconds(30);
-    o.device = DeviceKind::kCpu;
-    auto comm = Comm::connect(s, o);
+  test::spawn_world(2, [&](Comm& comm) {
+    int rank = comm.rank();
     auto t = torch::full({4}, static_cast<double>(rank + 1));
-    comm->all_reduce_sum(t);
+    comm.all_reduce_sum(t);
     EXPECT_TRUE(t.eq(3).all().item<bool>());
   });
   // A process group ran; no library named gloo was loaded for it...

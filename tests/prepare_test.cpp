@@ -16,11 +16,12 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/data/bert_shards.hpp"
-#include "cohort/text/instances.hpp"
-#include "cohort/text/prepare.hpp"
+#include "cohort/prep/instances.hpp"
+#include "cohort/prep/prepare.hpp"
 #include "helpers.hpp"
 
 using namespace cohort::text;
+using namespace cohort::prep;
 using cohort::test::error_of;
 using cohort::test::TempDir;
 using cohort::test::write_file;

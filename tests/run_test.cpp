@@ -157,7 +157,7 @@ TEST(Trainer, ReportsToTheReporterItIsGiven) {
   edited["state_sha256"] = cohort::sha256_hex(edited.dump());
   write_file(tmp / "run/checkpoints/step-6/state.json", edited.dump(2));
   cfg.train.max_steps = 8;
-  run.resume = Checkpoints::resolve(tmp / "run", nullptr);
+  run.start = cohort::StartFromCheckpoint{Checkpoints::resolve(tmp / "run", nullptr)};
   std::string e = error_of([&] { Trainer(cfg, *comm, run); });
   EXPECT_NE(e.find("was trained on 59999 samples but /usr/share/datasets/fashion-mnist holds 60000"),
             std::string::npos) << e;

@@ -20,7 +20,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/data/bert_shards.hpp"
 #include "cohort/model/bert.hpp"
-#include "cohort/text/prepare.hpp"
+#include "cohort/prep/prepare.hpp"
 #include "cohort/text/wordpiece.hpp"
 
 namespace fs = std::filesystem;
@@ -67,7 +67,7 @@ int bert_logits(const std::string& model_dir, const std::string& data_dir, const
 int gcide_lines(const std::string& dict, const std::string& out) {
   std::ofstream o(out);
   int64_t n = 0;
-  for (const auto& doc : text::read_gcide_documents(dict)) {
+  for (const auto& doc : prep::read_gcide_documents(dict)) {
     for (const auto& sentence : doc) {
       COHORT_CHECK(sentence.find('\n') == std::string::npos, Error, "a GCIDE sentence holds a newline");
       o << sentence << '\n';

@@ -24,7 +24,7 @@ class Eval : public Evaluation {
       std::string png;
       if (plot_) {
         png = plan.run.out_dir + "/confusion-" + plan.cfg.eval.split + "-step-" +
-              std::to_string(plan.run.resume->state.step) + ".png";
+              std::to_string(plan.run.checkpoint()->state.step) + ".png";
       }
       evaluate_checkpoint(plan.cfg, comm, plan.run, png);
     });

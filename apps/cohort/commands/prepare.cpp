@@ -1,4 +1,4 @@
-#include "cohort/text/prepare.hpp"
+#include "cohort/prep/prepare.hpp"
 #include "commands/command.hpp"
 
 namespace cohort::cli {
@@ -47,12 +47,12 @@ class Prepare : public Command {
 
   int run(int, char**, std::string&) override {
     o_.lowercase = !cased_;
-    text::run_prepare(o_);
+    prep::run_prepare(o_);
     return 0;
   }
 
  private:
-  text::PrepareOptions o_;
+  prep::PrepareOptions o_;
   bool cased_ = false;
 };
 

@@ -1,6 +1,6 @@
 #include <cstdio>
 
-#include "cohort/text/wordnet.hpp"
+#include "cohort/prep/wordnet.hpp"
 #include "commands/command.hpp"
 
 namespace cohort::cli {
@@ -23,14 +23,14 @@ class PrepareClassify : public Command {
   }
 
   int run(int, char**, std::string&) override {
-    text::WordnetCounts n = text::prepare_wordnet(o_);
+    prep::WordnetCounts n = prep::prepare_wordnet(o_);
     std::printf("cohort: wrote %s/{train,valid,test}.tsv: %lld, %lld, %lld synsets\n", o_.out.c_str(),
                 static_cast<long long>(n.train), static_cast<long long>(n.valid), static_cast<long long>(n.test));
     return 0;
   }
 
  private:
-  text::WordnetOptions o_;
+  prep::WordnetOptions o_;
 };
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <sstream>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include "cohort/core/error.hpp"
 
@@ -444,139 +445,172 @@ struct TomlEntry {
 // boolean) or an array of those (over several lines too), and comments.
 // (CLI11's reader let an unterminated string or `[model` through as values
 // and cut a string at '#'.) UsageError naming the file and line.
-std::vector<TomlEntry> read_toml(const std::string& text, const std::string& path) {
-  std::vector<TomlEntry> out;
-  std::istringstream raw(text);
-  std::string section, line;
-  int number = 0;
-  std::map<std::string, int> tables;  // header -> its line
-  std::string repeated_table;          // the error for the first header given twice
-  bool quoted = false;                 // the last scalar read was a string
-  auto fail = [&](const std::string& what) -> void {
-    throw UsageError(detail::cat("config ", path, ":", number, ": ", what, " (line '", line, "')"));
-  };
-  // Skips blanks; a comment or the end of the line reads as the end.
-  auto skip = [&](size_t i) {
-    while (i < line.size() && (line[i] == ' ' || line[i] == '\t')) ++i;
-    return i < line.size() && line[i] == '#' ? line.size() : i;
-  };
-  // One scalar at `i`, decoded; moves `i` past it.
-  auto scalar = [&](size_t& i) {
-    std::string v;
-    const char quote = line[i];
-    quoted = quote == '"' || quote == '\'';
-    if (quoted) {
-      if (line.compare(i, 3, std::string(3, quote)) == 0) fail("multi-line strings are not supported");
-      for (++i;; ++i) {
-        if (i >= line.size()) fail("unterminated string");
-        char c = line[i];
-        if (c == quote) break;
-        if (quote == '"' && c == '\\') {
-          if (++i >= line.size()) fail("unterminated string");
-          switch (line[i]) {
-            case 'n': v += '\n'; break;
-            case 't': v += '\t'; break;
-            case 'r': v += '\r'; break;
-            case '"': v += '"'; break;
-            case '\\': v += '\\'; break;
-            default: fail(detail::cat("unsupported escape '\\", line[i], "'"));
-          }
-          continue;
-        }
-        v += c;
+class TomlReader {
+ public:
+  explicit TomlReader(std::string path) : path_(std::move(path)) {}
+
+  std::vector<TomlEntry> read(const std::string& text) {
+    std::istringstream raw(text);
+    while (std::getline(raw, line_)) {
+      ++number_;
+      if (!line_.empty() && line_.back() == '\r') line_.pop_back();
+      if (open_array_) {
+        array_items(0);
+        continue;
       }
-      ++i;
-      return v;
+      size_t i = skip(0);
+      if (i == line_.size()) continue;
+      if (line_[i] == '[') table_header(i);
+      else key_value(i);
     }
-    size_t end = line.find_first_of(",]#", i);
-    if (end == std::string::npos) end = line.size();
-    v = line.substr(i, end - i);
+    if (open_array_) {
+      line_ = "";
+      fail("an array is not closed with ']' before the end of the file");
+    }
+    std::set<std::string> keys;
+    for (const auto& e : out_) {
+      COHORT_CHECK(keys.insert(e.key).second, UsageError, "config ", path_, ":", e.line, ": key '", e.key,
+                   "' is given twice (a repeated [section]?)");
+    }
+    COHORT_CHECK(repeated_table_.empty(), UsageError, repeated_table_);
+    return std::move(out_);
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw UsageError(detail::cat("config ", path_, ":", number_, ": ", what, " (line '", line_, "')"));
+  }
+
+  // Skips blanks; a comment or the end of the line reads as the end.
+  size_t skip(size_t i) const {
+    while (i < line_.size() && (line_[i] == ' ' || line_[i] == '\t')) ++i;
+    return i < line_.size() && line_[i] == '#' ? line_.size() : i;
+  }
+
+  void table_header(size_t i) {
+    size_t close = line_.find(']', i);
+    if (close == std::string::npos) fail("table header without ']'");
+    section_ = line_.substr(i + 1, close - i - 1);
+    bool ok = !section_.empty();
+    for (char c : section_)
+      ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.');
+    if (!ok) fail("malformed table header");
+    if (skip(close + 1) != line_.size()) fail("text after a table header");
+    if (auto [it, fresh] = tables_.emplace(section_, number_); !fresh && repeated_table_.empty()) {
+      // Reported at the end, unless a key given twice is named first.
+      repeated_table_ = detail::cat("config ", path_, ":", number_, ": table [", section_,
+                                    "] is given twice (first at line ", it->second, "); put its keys under one [",
+                                    section_, "]");
+    }
+  }
+
+  void key_value(size_t i) {
+    size_t eq = line_.find('=', i);
+    if (eq == std::string::npos) fail("expected key = value");
+    std::string key = line_.substr(i, eq - i);
+    key = key.substr(0, key.find_last_not_of(" \t") + 1);
+    if (key.empty()) fail("a value without a key");
+    for (char c : key)
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) fail("malformed key");
+    TomlEntry entry{section_.empty() ? key : section_ + "." + key, {}, false, false, number_};
+    size_t v = skip(eq + 1);
+    if (v == line_.size()) fail("a key without a value");
+    out_.push_back(std::move(entry));
+    if (line_[v] == '[') {
+      out_.back().array = true;
+      open_array_ = &out_.back();
+      want_item_ = true;
+      array_items(v + 1);
+      return;
+    }
+    out_.back().values.push_back(scalar(v));
+    out_.back().quoted = quoted_;
+    if (skip(v) != line_.size()) fail("text after the value");
+  }
+
+  // The items of `open_array_` from `i` on, up to its ']' or the line's end.
+  void array_items(size_t i) {
+    for (i = skip(i); i < line_.size(); i = skip(i)) {
+      if (line_[i] == ']') {
+        open_array_ = nullptr;
+        if (skip(i + 1) != line_.size()) fail("text after an array");
+        return;
+      }
+      if (line_[i] == ',') {
+        if (want_item_) fail("a missing value in an array");
+        want_item_ = true;
+        ++i;
+        continue;
+      }
+      if (!want_item_) fail("a ',' is missing between array values");
+      if (line_[i] == '[') fail("nested arrays are not supported");
+      open_array_->values.push_back(scalar(i));
+      open_array_->quoted = open_array_->quoted || quoted_;
+      want_item_ = false;
+    }
+  }
+
+  // One scalar at `i`, decoded; moves `i` past it.
+  std::string scalar(size_t& i) {
+    const char quote = line_[i];
+    quoted_ = quote == '"' || quote == '\'';
+    return quoted_ ? string_value(i) : bare_value(i);
+  }
+
+  // A basic ("...", with escapes) or literal ('...') string at `i`.
+  std::string string_value(size_t& i) {
+    std::string v;
+    const char quote = line_[i];
+    if (line_.compare(i, 3, std::string(3, quote)) == 0) fail("multi-line strings are not supported");
+    for (++i;; ++i) {
+      if (i >= line_.size()) fail("unterminated string");
+      char c = line_[i];
+      if (c == quote) break;
+      if (quote == '"' && c == '\\') {
+        if (++i >= line_.size()) fail("unterminated string");
+        switch (line_[i]) {
+          case 'n': v += '\n'; break;
+          case 't': v += '\t'; break;
+          case 'r': v += '\r'; break;
+          case '"': v += '"'; break;
+          case '\\': v += '\\'; break;
+          default: fail(detail::cat("unsupported escape '\\", line_[i], "'"));
+        }
+        continue;
+      }
+      v += c;
+    }
+    ++i;
+    return v;
+  }
+
+  // A number or boolean at `i`, up to a ',', ']' or comment.
+  std::string bare_value(size_t& i) {
+    size_t end = line_.find_first_of(",]#", i);
+    if (end == std::string::npos) end = line_.size();
+    std::string v = line_.substr(i, end - i);
     v = v.substr(0, v.find_last_not_of(" \t") + 1);
     if (v.empty()) fail("a missing value");
     if (v[0] == '{') fail("inline tables are not supported");
     if (v.find_first_of(" \t=\"'[") != std::string::npos) fail(detail::cat("'", v, "' is not one value"));
     i = end;
     return v;
-  };
-  TomlEntry* open_array = nullptr;  // an array continued on the next line
-  bool want_item = true;            // in an array: a value may come next
-  auto array_items = [&](size_t i) {
-    for (i = skip(i); i < line.size(); i = skip(i)) {
-      if (line[i] == ']') {
-        open_array = nullptr;
-        if (skip(i + 1) != line.size()) fail("text after an array");
-        return;
-      }
-      if (line[i] == ',') {
-        if (want_item) fail("a missing value in an array");
-        want_item = true;
-        ++i;
-        continue;
-      }
-      if (!want_item) fail("a ',' is missing between array values");
-      if (line[i] == '[') fail("nested arrays are not supported");
-      open_array->values.push_back(scalar(i));
-      open_array->quoted = open_array->quoted || quoted;
-      want_item = false;
-    }
-  };
-  while (std::getline(raw, line)) {
-    ++number;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (open_array) {
-      array_items(0);
-      continue;
-    }
-    size_t i = skip(0);
-    if (i == line.size()) continue;
-    if (line[i] == '[') {
-      size_t close = line.find(']', i);
-      if (close == std::string::npos) fail("table header without ']'");
-      section = line.substr(i + 1, close - i - 1);
-      bool ok = !section.empty();
-      for (char c : section) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.');
-      if (!ok) fail("malformed table header");
-      if (skip(close + 1) != line.size()) fail("text after a table header");
-      if (auto [it, fresh] = tables.emplace(section, number); !fresh && repeated_table.empty()) {
-        // Reported at the end, unless a key given twice is named first.
-        repeated_table = detail::cat("config ", path, ":", number, ": table [", section, "] is given twice (first at line ",
-                                     it->second, "); put its keys under one [", section, "]");
-      }
-      continue;
-    }
-    size_t eq = line.find('=', i);
-    if (eq == std::string::npos) fail("expected key = value");
-    std::string key = line.substr(i, eq - i);
-    key = key.substr(0, key.find_last_not_of(" \t") + 1);
-    if (key.empty()) fail("a value without a key");
-    for (char c : key)
-      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) fail("malformed key");
-    TomlEntry entry{section.empty() ? key : section + "." + key, {}, false, false, number};
-    size_t v = skip(eq + 1);
-    if (v == line.size()) fail("a key without a value");
-    out.push_back(std::move(entry));
-    if (line[v] == '[') {
-      out.back().array = true;
-      open_array = &out.back();
-      want_item = true;
-      array_items(v + 1);
-      continue;
-    }
-    out.back().values.push_back(scalar(v));
-    out.back().quoted = quoted;
-    if (skip(v) != line.size()) fail("text after the value");
   }
-  if (open_array) {
-    line = "";
-    fail("an array is not closed with ']' before the end of the file");
-  }
-  std::set<std::string> keys;
-  for (const auto& e : out) {
-    COHORT_CHECK(keys.insert(e.key).second, UsageError, "config ", path, ":", e.line, ": key '", e.key,
-                 "' is given twice (a repeated [section]?)");
-  }
-  COHORT_CHECK(repeated_table.empty(), UsageError, repeated_table);
-  return out;
+
+  const std::string path_;
+  std::string line_;  // the line being read
+  int number_ = 0;    // its number
+  std::string section_;
+  std::map<std::string, int> tables_;  // header -> its line
+  std::string repeated_table_;          // the error for the first header given twice
+  bool quoted_ = false;                 // the last scalar read was a string
+  std::vector<TomlEntry> out_;
+  TomlEntry* open_array_ = nullptr;  // an array continued on the next line
+  bool want_item_ = true;            // in an array: a value may come next
+};
+
+std::vector<TomlEntry> read_toml(const std::string& text, const std::string& path) {
+  return TomlReader(path).read(text);
 }
 
 }  // namespace

@@ -18,14 +18,14 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 }  // namespace
 
-GzFile open_gz_input(const std::string& path) {
+GzFile open_gz_input(const std::string& path, GzSuffix suffix) {
   struct stat st;
   COHORT_CHECK(::stat(path.c_str(), &st) == 0, DataError, path, ": cannot open (", std::strerror(errno), ")");
   COHORT_CHECK(!S_ISDIR(st.st_mode), DataError, path, ": is a directory, expected a file");
   GzFile f(gzopen(path.c_str(), "rb"));
   COHORT_CHECK(f != nullptr, DataError, path, ": cannot open (", std::strerror(errno), ")");
   gzbuffer(f.get(), 1 << 20);
-  if (ends_with(path, ".gz") || ends_with(path, ".dz")) {
+  if (suffix == GzSuffix::kMeansCompressed && (ends_with(path, ".gz") || ends_with(path, ".dz"))) {
     char first = 0;
     int got = gzread(f.get(), &first, 1);
     COHORT_CHECK(got <= 0 || !gzdirect(f.get()), DataError, path,
@@ -62,6 +62,12 @@ size_t gz_read_full(gzFile f, const std::string& path, void* dst, size_t n) {
     got += r;
   }
   return got;
+}
+
+bool gz_cut_short(gzFile f) {
+  int errnum = Z_OK;
+  gzerror(f, &errnum);
+  return errnum == Z_BUF_ERROR;
 }
 
 }  // namespace cohort

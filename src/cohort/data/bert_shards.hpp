@@ -1,5 +1,9 @@
-// defines: shard_files, BertShardInfo, BertShardsOptions, BertShards
+// defines: shard_files, BertShardInfo, BertShardsOptions, pack_bert_rows, BertShards
 //          (BertRows, write_bert_shard: data/bert_rows.hpp, included here)
+//
+// One file per concept: shard_files.cpp finds the shards, bert_shards.cpp
+// reads them, pack_rows.cpp packs rows, bert_shard_writer.cpp writes them,
+// and hdf5_shard.cpp holds the HDF5 plumbing both sides share.
 //
 // BERT pretraining data in NVIDIA's HDF5 layout, one file per shard:
 //

@@ -26,10 +26,26 @@ const char* dtype_name(int code) {
   }
 }
 
+// The data bytes, as many as there are: a compressed stream cut short
+// counts as a short file (the caller names both counts), not as corrupt.
+size_t read_data(gzFile f, const std::string& path, char* dst, size_t n) {
+  size_t got = 0;
+  try {
+    while (got < n) {
+      size_t r = gz_read_some(f, path, dst + got, n - got);
+      if (r == 0) break;
+      got += r;
+    }
+  } catch (const DataError&) {
+    if (!gz_cut_short(f)) throw;
+  }
+  return got;
+}
+
 }  // namespace
 
 IdxArray read_idx(const std::string& path) {
-  GzFile f = open_gz_input(path);
+  GzFile f = open_gz_input(path, GzSuffix::kAnyContent);
 
   unsigned char head[4];
   size_t got = gz_read_full(f.get(), path, head, 4);
@@ -68,7 +84,7 @@ IdxArray read_idx(const std::string& path) {
   COHORT_CHECK(total <= room, DataError, path, ": truncated: header promises ", total, " data bytes, file has ",
                compressed ? detail::cat("at most ", room, " (compressed)") : detail::cat(room));
   out.data = torch::empty(out.dims, torch::kUInt8);
-  got = gz_read_full(f.get(), path, out.data.data_ptr(), static_cast<size_t>(total));
+  got = read_data(f.get(), path, static_cast<char*>(out.data.data_ptr()), static_cast<size_t>(total));
   COHORT_CHECK(got == static_cast<size_t>(total), DataError, path, ": truncated: header promises ",
                total, " data bytes, file has ", got);
   char extra;

@@ -2,15 +2,63 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
 #include "cohort/core/error.hpp"
+#include "cohort/core/files.hpp"
+#include "cohort/core/version.hpp"
 #include "cohort/text/wordpiece.hpp"
 
 namespace cohort {
 
 namespace fs = std::filesystem;
+
+void write_manifest(const std::string& dir, const ManifestRecord& m) {
+  nlohmann::json splits = nlohmann::json::object();
+  for (const auto& [name, s] : m.splits) {
+    splits[name] = {{"documents", s.documents},
+                    {"rows", s.rows},
+                    {"shards", s.shards},
+                    {"tokens", s.tokens},
+                    {"text_tokens", s.text_tokens}};
+  }
+  nlohmann::json inputs = nlohmann::json::array();
+  for (const auto& in : m.inputs) {
+    inputs.push_back({{"path", in.path},
+                      {"format", in.format},
+                      {"bytes", in.bytes},
+                      {"documents", in.documents},
+                      {"text_bytes", in.text_bytes}});
+  }
+  nlohmann::json j = {
+      {"created_by", std::string("cohort prepare ") + kVersion},
+      {"cohort_version", kVersion},
+      {"vocab", "vocab.txt"},
+      {"vocab_size", m.vocab_size},
+      {"vocab_source", m.vocab_source},
+      {"lowercase", m.lowercase},
+      {"max_seq_length", m.max_seq_length},
+      {"max_predictions", m.max_predictions},
+      {"masked_lm_prob", m.masked_lm_prob},
+      {"short_seq_prob", m.short_seq_prob},
+      {"dupe_factor", m.dupe_factor},
+      {"whole_word_mask", m.whole_word_mask},
+      {"valid_fraction", m.valid_fraction},
+      {"test_fraction", m.test_fraction},
+      {"rows_per_shard", m.rows_per_shard},
+      {"seed", m.seed},
+      {"splits", splits},
+      {"tokens", m.tokens},
+      {"text_tokens", m.text_tokens},
+      {"unk_fraction", m.unk_fraction},
+      {"text_bytes", m.text_bytes},
+      {"inputs", inputs},
+      {"seconds", std::round(m.seconds * 10) / 10},
+  };
+  write_file_atomically((fs::path(dir) / "manifest.json").string(), j.dump(2) + "\n");
+}
 
 std::optional<DataManifest> read_manifest(const std::string& dir) {
   const std::string path = (fs::path(dir) / "manifest.json").string();

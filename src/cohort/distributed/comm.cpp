@@ -443,6 +443,7 @@ std::unique_ptr<Comm> Comm::form(const World& world, const RankSpec& spec, const
   } catch (const std::exception& e) {
     std::string why = detail::cat("could not form the process group of ", world.world_size, " ranks: ",
                                   detail::first_line(e.what()));
+    if (!impl->link) throw DistError(detail::cat("rank ", world.rank, ": ", why));  // a fixed world (tests)
     impl->link->announce(why);
     throw MembershipChanged(detail::cat("rank ", world.rank, ": ", why));
   }

@@ -81,7 +81,8 @@ class Comm {
   // One generation of an elastic world whose members Membership agreed on:
   // a Gloo group over `store` (private to the generation). Collectives wait
   // in slices and throw MembershipChanged when `link` says the world changed
-  // or when they fail (after announcing it). No heartbeat of its own.
+  // or when they fail (after announcing it). No heartbeat of its own. A null
+  // `link` makes a fixed world over `store` (the tests' thread worlds).
   static std::unique_ptr<Comm> form(const World& world, const RankSpec& spec, const CommOptions& opts,
                                     const c10::intrusive_ptr<c10d::Store>& store, std::shared_ptr<ElasticLink> link);
   ~Comm();

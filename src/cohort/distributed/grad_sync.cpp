@@ -9,6 +9,13 @@
 
 namespace cohort {
 
+GradSyncOptions grad_sync_options(const DistOptions& dist) {
+  GradSyncOptions o;
+  o.bucket_cap_bytes = static_cast<int64_t>(dist.bucket_cap_mb * (1 << 20));
+  o.compression = dist.grad_compression;
+  return o;
+}
+
 void broadcast_module(Comm& comm, torch::nn::Module& module) {
   if (comm.size() == 1) return;
   torch::NoGradGuard no_grad;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cohort/config/choice.hpp"
+#include "cohort/config/config.hpp"
 
 namespace cohort {
 
@@ -33,6 +34,9 @@ struct GradSyncOptions {
   int64_t first_bucket_bytes = 1 << 20;  // small, so communication starts early
   Compression compression = Compression::kNone;  // dtype on the wire
 };
+
+// dist.bucket-cap-mb and dist.grad-compression.
+GradSyncOptions grad_sync_options(const DistOptions& dist);
 
 // A bucketed gradient reducer that overlaps communication with backward.
 //

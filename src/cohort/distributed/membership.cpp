@@ -347,6 +347,88 @@ std::unique_ptr<Comm> Membership::next_world(int64_t step) {
   }
 }
 
+namespace {
+
+// This process's registration: `step` is handed on only by a member of `prev`.
+Member self_member(const std::string& id, const RankSpec& spec, const ElasticOptions& eo, int64_t step,
+                   const std::vector<Member>& prev) {
+  Member me;
+  me.id = id;
+  me.node = spec.node_rank;
+  me.local_rank = spec.local_rank;
+  me.local_world_size = spec.local_world_size;
+  me.node_key = eo.node_key;
+  me.step = step;
+  me.config = eo.config;
+  for (size_t r = 0; r < prev.size(); ++r) {
+    if (prev[r].id == id) me.prev_rank = static_cast<int>(r);
+  }
+  if (me.prev_rank < 0) me.step = -1;  // only a member's state can be handed on
+  return me;
+}
+
+// Generation g - 1's members: `prev` when it was ours, else as the store has them.
+std::vector<Member> members_before(c10d::Store& store, const std::vector<Member>& prev, int prev_gen, int g) {
+  std::vector<Member> before = prev;
+  if (prev_gen != g - 1 && g > 0 && store.check({gen_key(g - 1, "members")})) {
+    before = decode_all(text_of(store.get(gen_key(g - 1, "members"))));
+  }
+  return before;
+}
+
+// What forming generation g (`decided`, after `prev`) did; its wall time aside.
+WorldChange change_of(int g, const std::vector<Member>& prev, const std::vector<Member>& decided,
+                      const std::string& cause) {
+  WorldChange change;
+  change.generation = g;
+  change.members = decided;
+  change.cause = cause;
+  std::set<std::string> nodes;
+  for (size_t r = 0; r < decided.size(); ++r) {
+    nodes.insert(decided[r].node_key);
+    if (!has(prev, decided[r].id)) {
+      change.joined.push_back(decided[r]);
+      change.joined.back().prev_rank = static_cast<int>(r);  // described by its new rank
+    }
+  }
+  for (size_t r = 0; r < prev.size(); ++r) {
+    if (has(decided, prev[r].id)) continue;
+    change.left.push_back(prev[r]);
+    change.left.back().prev_rank = static_cast<int>(r);
+  }
+  change.nodes = static_cast<int>(nodes.size());
+  change.state_survived = decided[0].step >= 0 && decided[0].prev_rank >= 0;
+  return change;
+}
+
+// Member `id`'s place in `decided`; its device aside.
+World world_of(const std::vector<Member>& decided, const std::string& id) {
+  World world;
+  world.world_size = static_cast<int>(decided.size());
+  for (size_t r = 0; r < decided.size(); ++r) {
+    if (decided[r].id != id) continue;
+    world.rank = static_cast<int>(r);
+    world.local_rank = decided[r].local_rank;
+    world.local_world_size = decided[r].local_world_size;
+    world.node_rank = decided[r].node;
+  }
+  return world;
+}
+
+}  // namespace
+
+// One generation forming, as this process watches it.
+struct Membership::Forming {
+  Forming(const Member& self, const std::vector<Member>& previous) : me(self), before(previous) {}
+
+  const Member& me;                   // this process's registration
+  const std::vector<Member>& before;  // the previous generation's members
+  const Clock::time_point opened = Clock::now();
+  Clock::time_point all_silent_since = Clock::time_point::max();
+  Clock::time_point last_note = opened;
+  std::map<std::string, std::pair<std::string, Clock::time_point>> beats;  // see await_members
+};
+
 std::unique_ptr<Comm> Membership::form_next(int64_t step) {
   const Clock::time_point started = Clock::now();
   std::vector<Member> prev;
@@ -359,18 +441,7 @@ std::unique_ptr<Comm> Membership::form_next(int64_t step) {
     cause = why_;
     in_world_ = false;
   }
-  Member me;
-  me.id = id_;
-  me.node = spec_.node_rank;
-  me.local_rank = spec_.local_rank;
-  me.local_world_size = spec_.local_world_size;
-  me.node_key = eo_.node_key;
-  me.step = step;
-  me.config = eo_.config;
-  for (size_t r = 0; r < prev.size(); ++r) {
-    if (prev[r].id == id_) me.prev_rank = static_cast<int>(r);
-  }
-  if (me.prev_rank < 0) me.step = -1;  // only a member's state can be handed on
+  Member me = self_member(id_, spec_, eo_, step, prev);
 
   int g;
   if (prev_gen >= 0) {
@@ -383,108 +454,14 @@ std::unique_ptr<Comm> Membership::form_next(int64_t step) {
 
   std::vector<Member> decided;
   for (;;) {  // one generation per pass: a process left out of one asks for the next
-    std::vector<Member> before = prev;
-    if (prev_gen != g - 1 && g > 0 && store_->check({gen_key(g - 1, "members")})) {
-      before = decode_all(text_of(store_->get(gen_key(g - 1, "members"))));
-    }
+    std::vector<Member> before = members_before(*store_, prev, prev_gen, g);
     COHORT_CHECK(before.empty() || before[0].config == me.config || me.prev_rank >= 0, UsageError, "node ",
                  spec_.node_rank, ": the running job at ", spec_.init.text, " has another shared config than this "
                  "node's; start it with the job's config (docs/configuration.md: Scopes)");
-    int64_t slot = store_->add(gen_key(g, "count"), 1) - 1;
-    store_->set(detail::cat(gen_key(g, "slot/"), slot), bytes_of(me.encode()));
-    const Clock::time_point opened = Clock::now();
-    Clock::time_point all_silent_since = Clock::time_point::max();
-    Clock::time_point last_note = opened;
-    // Heartbeats: each value and when it last moved, as the heartbeat
-    // thread saw them (the previous world's members, and newcomers waiting
-    // for this generation), then as we watch. Silent: still for three beats,
-    // or said it left (gone/ID, a newcomer that was stopped).
-    std::map<std::string, std::pair<std::string, Clock::time_point>> beats;
-    {
-      std::lock_guard<std::mutex> lock(beats_mu_);
-      if (peer_beats_generation_ == g - 1) beats = peer_beats_;
-    }
-    auto silent = [&](const std::string& id, Clock::time_point now) {
-      if (id == id_) return false;
-      if (store_->check({"gone/" + id})) return true;
-      std::string key = "hb/" + id;
-      std::string value = store_->check({key}) ? text_of(store_->get(key)) : "";
-      auto it = beats.find(id);
-      if (it == beats.end() || it->second.first != value) {
-        beats[id] = {value, now};
-        return false;
-      }
-      return now - it->second.second >= opts_.heartbeat * 3;
-    };
-    bool mine = false;
-    for (;;) {
-      COHORT_CHECK(!(opts_.interrupted && opts_.interrupted()), DistError, "node ", spec_.node_rank,
-                   ": interrupted while the world was forming");
-      if (store_->check({gen_key(g, "members")})) {
-        decided = decode_all(text_of(store_->get(gen_key(g, "members"))));
-        mine = has(decided, id_);
-        break;
-      }
-      if (store_->check({"done"})) return nullptr;
-      const auto now = Clock::now();
-      std::vector<Member> regs;
-      for (auto& m : registrants(*store_, g)) {
-        if (!silent(m.id, now)) regs.push_back(std::move(m));
-      }
-      auto complete = complete_nodes(regs);
-      // A node half in (its other ranks still on their way) gets two seconds.
-      std::set<std::string> arriving;
-      for (const auto& m : regs) arriving.insert(m.node_key);
-      bool settled = complete.size() == arriving.size() || now - opened > std::chrono::seconds(2);
-      bool close = false;
-      if (before.empty()) {
-        // The first world: --nnodes nodes, or after dist.timeout at least --min-nodes.
-        if (static_cast<int>(complete.size()) >= eo_.nnodes && settled) close = true;
-        if (now - opened > opts_.timeout) {
-          COHORT_CHECK(static_cast<int>(complete.size()) >= eo_.min_nodes, BelowMinNodes, "node ", spec_.node_rank,
-                       ": only ", complete.size(), " of --nnodes ", eo_.nnodes, " node(s) arrived at ",
-                       spec_.init.text, " within dist.timeout ", opts_.timeout.count() / 1000.0, " s (--min-nodes ",
-                       eo_.min_nodes, ")");
-          close = true;
-        }
-      } else {
-        // The previous world's members that have not asked: gone when silent.
-        bool all_gone = true;
-        for (const auto& m : before) {
-          if (!has(regs, m.id) && !silent(m.id, now)) all_gone = false;
-        }
-        // A member that beats but never asks (stuck elsewhere) is waited for
-        // at most dist.timeout, and only by members: a newcomer never closes
-        // a world whose members still beat (it waits to be admitted).
-        if (!all_gone && me.prev_rank >= 0 && now - opened > opts_.timeout) all_gone = true;
-        // The countdown to BelowMinNodes runs only while all are gone: a
-        // member that beats again restarts it.
-        if (!all_gone) all_silent_since = Clock::time_point::max();
-        if (all_gone && all_silent_since == Clock::time_point::max()) all_silent_since = now;
-        if (all_gone && settled) {
-          if (static_cast<int>(complete.size()) >= eo_.min_nodes) {
-            close = true;
-          } else if (now - all_silent_since > opts_.timeout) {
-            throw BelowMinNodes(detail::cat("node ", spec_.node_rank, ": only ", complete.size(),
-                                            " node(s) remain, fewer than --min-nodes ", eo_.min_nodes,
-                                            ", and no node joined within dist.timeout ",
-                                            opts_.timeout.count() / 1000.0, " s"));
-          }
-        }
-      }
-      if (close) {
-        auto members = decide(regs, before);
-        if (!members.empty()) store_->compareSet(gen_key(g, "members"), {}, bytes_of(encode_all(members)));
-        continue;
-      }
-      if (me.prev_rank < 0 && now - last_note > std::chrono::seconds(30)) {
-        last_note = now;
-        std::fprintf(stderr, "cohort: node %d local rank %d: waiting to join the job at %s (generation %d)\n",
-                     spec_.node_rank, spec_.local_rank, spec_.init.text.c_str(), g);
-      }
-      std::this_thread::sleep_for(milliseconds(50));
-    }
-    if (mine) break;
+    std::optional<std::vector<Member>> members = await_members(g, me, before);
+    if (!members) return nullptr;
+    decided = std::move(*members);
+    if (has(decided, id_)) break;
     COHORT_CHECK(decided.empty() || decided[0].config == me.config, UsageError, "node ", spec_.node_rank,
                  ": the running job at ", spec_.init.text, " has another shared config than this node's; start it "
                  "with the job's config (docs/configuration.md: Scopes)");
@@ -497,34 +474,112 @@ std::unique_ptr<Comm> Membership::form_next(int64_t step) {
   }
 
   // This generation's world.
-  WorldChange change;
-  change.generation = g;
-  change.members = decided;
-  change.cause = cause;
-  std::set<std::string> nodes;
-  World world;
-  world.world_size = static_cast<int>(decided.size());
-  for (size_t r = 0; r < decided.size(); ++r) {
-    nodes.insert(decided[r].node_key);
-    if (!has(prev, decided[r].id)) {
-      change.joined.push_back(decided[r]);
-      change.joined.back().prev_rank = static_cast<int>(r);  // described by its new rank
-    }
-    if (decided[r].id != id_) continue;
-    world.rank = static_cast<int>(r);
-    world.local_rank = decided[r].local_rank;
-    world.local_world_size = decided[r].local_world_size;
-    world.node_rank = decided[r].node;
-  }
-  for (size_t r = 0; r < prev.size(); ++r) {
-    if (has(decided, prev[r].id)) continue;
-    change.left.push_back(prev[r]);
-    change.left.back().prev_rank = static_cast<int>(r);
-  }
-  change.nodes = static_cast<int>(nodes.size());
-  change.state_survived = decided[0].step >= 0 && decided[0].prev_rank >= 0;
+  WorldChange change = change_of(g, prev, decided, cause);
+  World world = world_of(decided, id_);
   change.seconds = std::chrono::duration<double>(Clock::now() - started).count();
   world.device = resolve_device(opts_.device, world.local_rank);
+  return enter(g, decided, world, change);
+}
+
+std::optional<std::vector<Member>> Membership::await_members(int g, const Member& me,
+                                                             const std::vector<Member>& before) {
+  int64_t slot = store_->add(gen_key(g, "count"), 1) - 1;
+  store_->set(detail::cat(gen_key(g, "slot/"), slot), bytes_of(me.encode()));
+  Forming forming(me, before);
+  // Heartbeats: each value and when it last moved, as the heartbeat
+  // thread saw them (the previous world's members, and newcomers waiting
+  // for this generation), then as we watch. Silent: still for three beats,
+  // or said it left (gone/ID, a newcomer that was stopped).
+  {
+    std::lock_guard<std::mutex> lock(beats_mu_);
+    if (peer_beats_generation_ == g - 1) forming.beats = peer_beats_;
+  }
+  for (;;) {
+    COHORT_CHECK(!(opts_.interrupted && opts_.interrupted()), DistError, "node ", spec_.node_rank,
+                 ": interrupted while the world was forming");
+    if (store_->check({gen_key(g, "members")})) {
+      return decode_all(text_of(store_->get(gen_key(g, "members"))));
+    }
+    if (store_->check({"done"})) return std::nullopt;
+    const auto now = Clock::now();
+    std::vector<Member> regs;
+    for (auto& m : registrants(*store_, g)) {
+      if (!silent(forming, m.id, now)) regs.push_back(std::move(m));
+    }
+    if (closes(forming, regs, now)) {
+      auto members = decide(regs, before);
+      if (!members.empty()) store_->compareSet(gen_key(g, "members"), {}, bytes_of(encode_all(members)));
+      continue;
+    }
+    if (me.prev_rank < 0 && now - forming.last_note > std::chrono::seconds(30)) {
+      forming.last_note = now;
+      std::fprintf(stderr, "cohort: node %d local rank %d: waiting to join the job at %s (generation %d)\n",
+                   spec_.node_rank, spec_.local_rank, spec_.init.text.c_str(), g);
+    }
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+}
+
+bool Membership::silent(Forming& forming, const std::string& id, Clock::time_point now) const {
+  if (id == id_) return false;
+  if (store_->check({"gone/" + id})) return true;
+  std::string key = "hb/" + id;
+  std::string value = store_->check({key}) ? text_of(store_->get(key)) : "";
+  auto it = forming.beats.find(id);
+  if (it == forming.beats.end() || it->second.first != value) {
+    forming.beats[id] = {value, now};
+    return false;
+  }
+  return now - it->second.second >= opts_.heartbeat * 3;
+}
+
+bool Membership::closes(Forming& forming, const std::vector<Member>& regs, Clock::time_point now) const {
+  auto complete = complete_nodes(regs);
+  // A node half in (its other ranks still on their way) gets two seconds.
+  std::set<std::string> arriving;
+  for (const auto& m : regs) arriving.insert(m.node_key);
+  bool settled = complete.size() == arriving.size() || now - forming.opened > std::chrono::seconds(2);
+  bool close = false;
+  if (forming.before.empty()) {
+    // The first world: --nnodes nodes, or after dist.timeout at least --min-nodes.
+    if (static_cast<int>(complete.size()) >= eo_.nnodes && settled) close = true;
+    if (now - forming.opened > opts_.timeout) {
+      COHORT_CHECK(static_cast<int>(complete.size()) >= eo_.min_nodes, BelowMinNodes, "node ", spec_.node_rank,
+                   ": only ", complete.size(), " of --nnodes ", eo_.nnodes, " node(s) arrived at ",
+                   spec_.init.text, " within dist.timeout ", opts_.timeout.count() / 1000.0, " s (--min-nodes ",
+                   eo_.min_nodes, ")");
+      close = true;
+    }
+  } else {
+    // The previous world's members that have not asked: gone when silent.
+    bool all_gone = true;
+    for (const auto& m : forming.before) {
+      if (!has(regs, m.id) && !silent(forming, m.id, now)) all_gone = false;
+    }
+    // A member that beats but never asks (stuck elsewhere) is waited for
+    // at most dist.timeout, and only by members: a newcomer never closes
+    // a world whose members still beat (it waits to be admitted).
+    if (!all_gone && forming.me.prev_rank >= 0 && now - forming.opened > opts_.timeout) all_gone = true;
+    // The countdown to BelowMinNodes runs only while all are gone: a
+    // member that beats again restarts it.
+    if (!all_gone) forming.all_silent_since = Clock::time_point::max();
+    if (all_gone && forming.all_silent_since == Clock::time_point::max()) forming.all_silent_since = now;
+    if (all_gone && settled) {
+      if (static_cast<int>(complete.size()) >= eo_.min_nodes) {
+        close = true;
+      } else if (now - forming.all_silent_since > opts_.timeout) {
+        throw BelowMinNodes(detail::cat("node ", spec_.node_rank, ": only ", complete.size(),
+                                        " node(s) remain, fewer than --min-nodes ", eo_.min_nodes,
+                                        ", and no node joined within dist.timeout ",
+                                        opts_.timeout.count() / 1000.0, " s"));
+      }
+    }
+  }
+  return close;
+}
+
+std::unique_ptr<Comm> Membership::enter(int g, const std::vector<Member>& decided, const World& world,
+                                        const WorldChange& change) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     changed_ = false;

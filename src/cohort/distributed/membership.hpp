@@ -41,6 +41,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -129,6 +130,20 @@ class Membership : public ElasticLink, public std::enable_shared_from_this<Membe
  private:
   Membership() = default;
   std::unique_ptr<Comm> form_next(int64_t step);
+  // form_next's steps.
+  struct Forming;  // one generation forming, as this process watches it
+  // Registers `me` for `generation` and waits for its members (deciding them
+  // when the rule holds here first); nullopt when the job finished meanwhile.
+  std::optional<std::vector<Member>> await_members(int generation, const Member& me,
+                                                   const std::vector<Member>& before);
+  // Member `id` is silent: still for three beats, or said it left.
+  bool silent(Forming& forming, const std::string& id, std::chrono::steady_clock::time_point now) const;
+  // Whether the live registrations `regs` close the generation now; throws
+  // BelowMinNodes when too few nodes remain for too long.
+  bool closes(Forming& forming, const std::vector<Member>& regs, std::chrono::steady_clock::time_point now) const;
+  // Makes `decided` this process's world (generation `generation`) and forms its communicator.
+  std::unique_ptr<Comm> enter(int generation, const std::vector<Member>& decided, const World& world,
+                              const WorldChange& change);
   void beat();
   void watch_peers(c10d::Store& store);
   void announce_on(c10d::Store& store, int generation, const std::string& why);

@@ -355,6 +355,72 @@ struct Unsent {
 
 constexpr size_t kMaxQueued = 1'000'000;  // metric values held for a server that does not answer (~70 MB)
 
+// What the worker does next, decided under the lock: the run, then metrics,
+// the status, the artifacts.
+struct Job {
+  enum { kConnect, kMetrics, kStatus, kArtifact } kind = kConnect;
+  std::vector<MlflowMetric> batch;
+  std::pair<std::string, std::string> artifact;
+  std::string status;
+};
+
+// How a job's request went: `error` is empty when it was sent.
+struct Outcome {
+  std::string error;
+  bool permanent = false;
+};
+
+// The tags of a run this reporter starts.
+std::map<std::string, std::string> run_tags(const MlflowTarget& t) {
+  std::map<std::string, std::string> tags = {
+      {"mlflow.runName", t.run_name},
+      {"mlflow.source.name", t.source},
+      {"mlflow.source.type", "LOCAL"},
+      {"cohort.run_dir", fs::absolute(t.run_dir).lexically_normal().string()},
+      {"cohort.host", hostname()}};
+  if (const char* user = env("USER")) {
+    tags["mlflow.user"] = user;
+  } else if (const passwd* pw = getpwuid(getuid())) {
+    tags["mlflow.user"] = pw->pw_name;
+  }
+  return tags;
+}
+
+// Into `run`: RUN_DIR/mlflow.json's run when it is continued on this server,
+// else a new run, recorded there. Returns whether its status is this
+// reporter's to set.
+bool open_run(MlflowClient& client, const MlflowTarget& t, MlflowRunInfo& run) {
+  const auto record = t.continue_run ? read_record(t.run_dir) : std::nullopt;
+  if (record && same_server(record->uri) == same_server(t.uri)) {
+    if (auto found = client.get_run(record->run_id)) run = *found;
+  }
+  bool own = !t.keep_status;
+  if (run.run_id.empty()) {
+    own = true;
+    std::map<std::string, std::string> tags = run_tags(t);
+    run = client.create_run(client.experiment_id(t.experiment), t.run_name, now_ms(), tags);
+    write_record(t.run_dir, t.uri, run, t.experiment, t.run_name);
+  } else if (own && run.status != "RUNNING") {
+    client.set_status(run.run_id, "RUNNING", 0);
+  }
+  return own;
+}
+
+// Params are set once: a value changed on resume (train.max-steps,
+// say) keeps the first one, as MLflow requires.
+void log_params(MlflowClient& client, const MlflowTarget& t, const MlflowRunInfo& run) {
+  std::vector<std::pair<std::string, std::string>> params;
+  for (const auto& [key, value] : read_config_values(t.config_toml)) {
+    if (!run.params.count(key)) params.emplace_back(key, param_value(value));
+  }
+  for (size_t i = 0; i < params.size(); i += kMaxParamsPerBatch) {
+    const size_t end = std::min(params.size(), i + kMaxParamsPerBatch);
+    client.log_batch(run.run_id, {},
+                     std::vector<std::pair<std::string, std::string>>(params.begin() + static_cast<long>(i),
+                                                                      params.begin() + static_cast<long>(end)));
+  }
+}
+
 }  // namespace
 
 // What the caller and the worker share, under `mu`.
@@ -375,6 +441,13 @@ struct MlflowReporter::Shared {
   std::string last_error;
   bool warned = false;
   bool connected = false;     // the run is known (created or continued)
+
+  // The worker's steps (work()).
+  std::optional<Job> next_job(MlflowClient& client, bool& deadline_set);  // nullopt: the worker ends
+  Outcome send(const Job& job, MlflowClient& client, MlflowRunInfo& run);
+  void connect(MlflowClient& client, MlflowRunInfo& run);
+  void fail(const std::string& what);
+  bool settle(const Job& job, const Outcome& outcome, double& backoff);  // false: the worker ends
 };
 
 MlflowReporter::MlflowReporter(MlflowTarget target) : s_(std::make_shared<Shared>()) {
@@ -396,159 +469,139 @@ MlflowReporter::MlflowReporter(MlflowTarget target) : s_(std::make_shared<Shared
   });
 }
 
-void MlflowReporter::work(Shared& sh) {
-  Shared* s = &sh;
-  MlflowTarget& t = s->target;
-  MlflowClient client(t.uri, t.request_timeout_s);
+void MlflowReporter::work(Shared& s) {
+  MlflowClient client(s.target.uri, s.target.request_timeout_s);
   MlflowRunInfo run;
   double backoff = 1.0;
   bool deadline_set = false;
-  auto fail = [&](const std::string& what) {
-    std::lock_guard<std::mutex> lock(s->mu);
-    s->last_error = what;
-    if (!s->warned) {
-      s->warned = true;
-      std::fprintf(stderr,
-                   "cohort: warning: mlflow: %s; training goes on, and the values wait in memory to be sent "
-                   "(RUN_DIR/metrics.jsonl has them all)\n",
-                   what.c_str());
-    }
-  };
-  auto connect = [&] {
-    const auto record = t.continue_run ? read_record(t.run_dir) : std::nullopt;
-    if (record && same_server(record->uri) == same_server(t.uri)) {
-      if (auto found = client.get_run(record->run_id)) run = *found;
-    }
-    bool own = !t.keep_status;
-    if (run.run_id.empty()) {
-      own = true;
-      std::map<std::string, std::string> tags = {
-          {"mlflow.runName", t.run_name},
-          {"mlflow.source.name", t.source},
-          {"mlflow.source.type", "LOCAL"},
-          {"cohort.run_dir", fs::absolute(t.run_dir).lexically_normal().string()},
-          {"cohort.host", hostname()}};
-      if (const char* user = env("USER")) {
-        tags["mlflow.user"] = user;
-      } else if (const passwd* pw = getpwuid(getuid())) {
-        tags["mlflow.user"] = pw->pw_name;
-      }
-      run = client.create_run(client.experiment_id(t.experiment), t.run_name, now_ms(), tags);
-      write_record(t.run_dir, t.uri, run, t.experiment, t.run_name);
-    } else if (own && run.status != "RUNNING") {
-      client.set_status(run.run_id, "RUNNING", 0);
-    }
-    {
-      std::lock_guard<std::mutex> lock(s->mu);
-      s->own_status = own;
-    }
-    // Params are set once: a value changed on resume (train.max-steps,
-    // say) keeps the first one, as MLflow requires.
-    std::vector<std::pair<std::string, std::string>> params;
-    for (const auto& [key, value] : read_config_values(t.config_toml)) {
-      if (!run.params.count(key)) params.emplace_back(key, param_value(value));
-    }
-    for (size_t i = 0; i < params.size(); i += kMaxParamsPerBatch) {
-      const size_t end = std::min(params.size(), i + kMaxParamsPerBatch);
-      client.log_batch(run.run_id, {},
-                       std::vector<std::pair<std::string, std::string>>(params.begin() + static_cast<long>(i),
-                                                                        params.begin() + static_cast<long>(end)));
-    }
-  };
   for (;;) {
-    // What to do next, decided under the lock: the run, then metrics, the
-    // status, the artifacts.
-    enum { kConnect, kMetrics, kStatus, kArtifact } next = kConnect;
-    std::vector<MlflowMetric> batch;
-    std::pair<std::string, std::string> artifact;
-    std::string status;
-    {
-      std::unique_lock<std::mutex> lock(s->mu);
-      const bool work = !s->metrics.empty() || !s->artifacts.empty() || !s->final_status.empty();
-      if (!work && (s->stopping || s->connected)) {
-        if (s->stopping) return;
-        s->in_flight = 0;
-        s->cv.notify_all();
-        s->cv.wait(lock, [&] { return s->stopping || !s->metrics.empty() || !s->artifacts.empty() || !s->final_status.empty(); });
-        continue;
-      }
-      if (!s->connected) {
-        next = kConnect;
-      } else if (!s->metrics.empty()) {
-        next = kMetrics;
-        const size_t n = std::min(s->metrics.size(), kMaxMetricsPerBatch);
-        batch.assign(s->metrics.begin(), s->metrics.begin() + static_cast<long>(n));
-      } else if (!s->final_status.empty()) {
-        next = kStatus;
-        status = s->final_status;
-      } else {
-        next = kArtifact;
-        artifact = s->artifacts.front();
-      }
-      if (s->stopping && !deadline_set) {
-        deadline_set = true;
-        // A reporter that was not finished (an elastic world ending, a
-        // failure) holds the process up for a few seconds at most.
-        double flush = s->finished ? t.final_flush_s : std::min(t.final_flush_s, 5.0);
-        client.set_deadline(std::chrono::steady_clock::now() +
-                            std::chrono::milliseconds(static_cast<int64_t>(flush * 1000)));
-      }
-      s->in_flight = 1;
+    const std::optional<Job> job = s.next_job(client, deadline_set);
+    if (!job) return;
+    const Outcome outcome = s.send(*job, client, run);
+    if (!outcome.error.empty()) s.fail(outcome.error);
+    if (!s.settle(*job, outcome, backoff)) return;
+  }
+}
+
+// Waits for work; the job chosen is in flight when this returns.
+std::optional<Job> MlflowReporter::Shared::next_job(MlflowClient& client, bool& deadline_set) {
+  for (;;) {
+    std::unique_lock<std::mutex> lock(mu);
+    const bool work = !metrics.empty() || !artifacts.empty() || !final_status.empty();
+    if (!work && (stopping || connected)) {
+      if (stopping) return std::nullopt;
+      in_flight = 0;
+      cv.notify_all();
+      cv.wait(lock, [&] { return stopping || !metrics.empty() || !artifacts.empty() || !final_status.empty(); });
+      continue;
     }
-    std::string error;
-    bool permanent = false;
-    try {
-      switch (next) {
-        case kConnect:
-          connect();
-          break;
-        case kMetrics:
-          client.log_batch(run.run_id, batch);
-          break;
-        case kStatus:
-          client.set_status(run.run_id, status, now_ms());
-          break;
-        case kArtifact:
-          client.upload_artifact(run, artifact.first, artifact.second);
-          break;
-      }
-    } catch (const MlflowError& e) {
-      error = e.what();
-      permanent = e.permanent() && next != kConnect;  // a refused run set-up may be fixed on the server: retry
-    } catch (const std::exception& e) {  // a file that vanished, an answer that is not JSON
-      error = e.what();
-      permanent = next == kArtifact;
+    Job job;
+    if (!connected) {
+      job.kind = Job::kConnect;
+    } else if (!metrics.empty()) {
+      job.kind = Job::kMetrics;
+      const size_t n = std::min(metrics.size(), kMaxMetricsPerBatch);
+      job.batch.assign(metrics.begin(), metrics.begin() + static_cast<long>(n));
+    } else if (!final_status.empty()) {
+      job.kind = Job::kStatus;
+      job.status = final_status;
+    } else {
+      job.kind = Job::kArtifact;
+      job.artifact = artifacts.front();
     }
-    if (!error.empty()) fail(error);
-    std::unique_lock<std::mutex> lock(s->mu);
-    if (error.empty() && s->warned && backoff > 1.0) {
-      std::fprintf(stderr, "cohort: mlflow: %s answers again; the values kept are being sent\n", t.uri.c_str());
+    if (stopping && !deadline_set) {
+      deadline_set = true;
+      // A reporter that was not finished (an elastic world ending, a
+      // failure) holds the process up for a few seconds at most.
+      double flush = finished ? target.final_flush_s : std::min(target.final_flush_s, 5.0);
+      client.set_deadline(std::chrono::steady_clock::now() +
+                          std::chrono::milliseconds(static_cast<int64_t>(flush * 1000)));
     }
-    if (error.empty()) backoff = 1.0;
-    // Done, refused for good, or (at the end) given up on: off the queue.
-    const bool give_up = !error.empty() && (permanent || s->stopping);
-    if (next == kConnect) {
-      if (error.empty()) s->connected = true;
-      if (!error.empty() && s->stopping) return;  // no run: everything queued stays unsent
-    } else if (error.empty() || give_up) {
-      if (next == kMetrics) {
-        if (give_up) for (const auto& m : batch) s->lost.add(m);
-        s->metrics.erase(s->metrics.begin(), s->metrics.begin() + static_cast<long>(batch.size()));
-      } else if (next == kStatus) {
-        if (give_up) s->status_lost = status;
-        s->final_status.clear();
-      } else {
-        if (give_up) s->lost.artifacts.push_back(artifact.second);
-        s->artifacts.pop_front();
-      }
+    in_flight = 1;
+    return job;
+  }
+}
+
+Outcome MlflowReporter::Shared::send(const Job& job, MlflowClient& client, MlflowRunInfo& run) {
+  Outcome outcome;
+  try {
+    switch (job.kind) {
+      case Job::kConnect:
+        connect(client, run);
+        break;
+      case Job::kMetrics:
+        client.log_batch(run.run_id, job.batch);
+        break;
+      case Job::kStatus:
+        client.set_status(run.run_id, job.status, now_ms());
+        break;
+      case Job::kArtifact:
+        client.upload_artifact(run, job.artifact.first, job.artifact.second);
+        break;
     }
-    if (!error.empty() && !give_up) {  // the server may come back: wait, then try again
-      s->in_flight = 0;
-      s->cv.notify_all();
-      s->cv.wait_for(lock, std::chrono::duration<double>(backoff), [&] { return s->stopping; });
-      backoff = std::min(backoff * 2, 30.0);
+  } catch (const MlflowError& e) {
+    outcome.error = e.what();
+    outcome.permanent =
+        e.permanent() && job.kind != Job::kConnect;  // a refused run set-up may be fixed on the server: retry
+  } catch (const std::exception& e) {  // a file that vanished, an answer that is not JSON
+    outcome.error = e.what();
+    outcome.permanent = job.kind == Job::kArtifact;
+  }
+  return outcome;
+}
+
+void MlflowReporter::Shared::connect(MlflowClient& client, MlflowRunInfo& run) {
+  const bool own = open_run(client, target, run);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    own_status = own;
+  }
+  log_params(client, target, run);
+}
+
+void MlflowReporter::Shared::fail(const std::string& what) {
+  std::lock_guard<std::mutex> lock(mu);
+  last_error = what;
+  if (!warned) {
+    warned = true;
+    std::fprintf(stderr,
+                 "cohort: warning: mlflow: %s; training goes on, and the values wait in memory to be sent "
+                 "(RUN_DIR/metrics.jsonl has them all)\n",
+                 what.c_str());
+  }
+}
+
+bool MlflowReporter::Shared::settle(const Job& job, const Outcome& outcome, double& backoff) {
+  const std::string& error = outcome.error;
+  std::unique_lock<std::mutex> lock(mu);
+  if (error.empty() && warned && backoff > 1.0) {
+    std::fprintf(stderr, "cohort: mlflow: %s answers again; the values kept are being sent\n", target.uri.c_str());
+  }
+  if (error.empty()) backoff = 1.0;
+  // Done, refused for good, or (at the end) given up on: off the queue.
+  const bool give_up = !error.empty() && (outcome.permanent || stopping);
+  if (job.kind == Job::kConnect) {
+    if (error.empty()) connected = true;
+    if (!error.empty() && stopping) return false;  // no run: everything queued stays unsent
+  } else if (error.empty() || give_up) {
+    if (job.kind == Job::kMetrics) {
+      if (give_up) for (const auto& m : job.batch) lost.add(m);
+      metrics.erase(metrics.begin(), metrics.begin() + static_cast<long>(job.batch.size()));
+    } else if (job.kind == Job::kStatus) {
+      if (give_up) status_lost = job.status;
+      final_status.clear();
+    } else {
+      if (give_up) lost.artifacts.push_back(job.artifact.second);
+      artifacts.pop_front();
     }
   }
+  if (!error.empty() && !give_up) {  // the server may come back: wait, then try again
+    in_flight = 0;
+    cv.notify_all();
+    cv.wait_for(lock, std::chrono::duration<double>(backoff), [&] { return stopping; });
+    backoff = std::min(backoff * 2, 30.0);
+  }
+  return true;
 }
 
 void MlflowReporter::train(const TrainReport& r) { queue(tensorboard_scalars("train", report_json(r)), r.step); }

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <vector>
@@ -113,6 +114,179 @@ std::string readable(const std::string& name) {
   return out;
 }
 
+// What plot_run draws from metrics.jsonl.
+struct RunMetrics {
+  Series train, eval;
+  std::string unit, eval_split;
+  nlohmann::json last_eval;
+};
+
+// Line `line_no` of `metrics`, parsed and its fields' types checked.
+nlohmann::json parse_metrics_line(const std::string& line, const fs::path& metrics, size_t line_no) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line);
+  } catch (const std::exception&) {
+    throw DataError(detail::cat(metrics.string(), ":", line_no, ": not a JSON line"));
+  }
+  // A field of the wrong type (a null step, a string loss) is named with
+  // its line, not left to a raw JSON type error.
+  const std::string at = detail::cat(metrics.string(), ":", line_no, ": ");
+  COHORT_CHECK(j.is_object() && (!j.contains("kind") || j["kind"].is_string()), DataError, at,
+               "not a metrics line (an object with a string \"kind\")");
+  const std::string kind = j.value("kind", "");
+  if (kind == "train" || kind == "eval") {
+    COHORT_CHECK(j.contains("step") && j["step"].is_number(), DataError, at, "\"step\" must be a number (got ",
+                 j.contains("step") ? j["step"].dump() : std::string("none"), ")");
+    for (auto& [k, v] : j.items()) {
+      COHORT_CHECK(!(k == "loss" || k == "lr" || k == "tokens_per_s") || v.is_number(), DataError, at, "\"", k,
+                   "\" must be a number (got ", v.dump(), ")");
+      COHORT_CHECK(k != "split" || v.is_string(), DataError, at, "\"split\" must be a string (got ", v.dump(), ")");
+    }
+  }
+  return j;
+}
+
+RunMetrics read_metrics(std::istream& in, const fs::path& metrics) {
+  RunMetrics m;
+  size_t line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = parse_metrics_line(line, metrics, ++line_no);
+    const std::string kind = j.value("kind", "");
+    if (kind == "train") {
+      m.train.add(j);
+      if (j.contains("unit") && j["unit"].is_string()) m.unit = j["unit"].get<std::string>();
+    } else if (kind == "eval") {
+      // One curve: the training's own eval split (the first one logged);
+      // `cohort eval` lines for other splits are left out.
+      const std::string split = j.value("split", std::string());
+      if (m.eval.steps.empty()) m.eval_split = split;
+      if (split != m.eval_split) continue;
+      m.eval.add(j);
+      m.last_eval = j;
+    }
+  }
+  COHORT_CHECK(!m.train.steps.empty(), DataError, metrics.string(), ": no training lines to plot yet");
+  if (m.unit.empty()) m.unit = m.train.has("mlm_loss") ? "tokens" : "samples";  // lines written before "unit"
+  return m;
+}
+
+// The learning-rate schedule as "step lr" lines (steps from 1), a line every
+// total_steps / 2000 steps (at least every step).
+void write_schedule(const fs::path& file, const PlotOptions& options) {
+  std::ofstream lr(file);
+  const int64_t stride = std::max<int64_t>(1, options.total_steps / 2000);
+  for (int64_t s = 0; s < options.total_steps; s += stride) lr << s + 1 << ' ' << options.lr_at(s) << '\n';
+}
+
+using ClassF1 = std::vector<std::pair<double, std::string>>;  // (F1, label)
+
+// The last evaluation's per-class F1 ("f1/<label>"), best first.
+ClassF1 per_class_f1(const nlohmann::json& last_eval) {
+  ClassF1 f1;
+  if (last_eval.is_object()) {
+    for (const auto& [k, v] : last_eval.items())
+      if (k.rfind("f1/", 0) == 0 && v.is_number()) f1.emplace_back(v.get<double>(), k.substr(3));
+  }
+  std::sort(f1.begin(), f1.end(), [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+  return f1;
+}
+
+// One "index "label" F1" line per class, the label made safe to quote.
+void write_f1(const fs::path& file, const ClassF1& f1) {
+  std::ofstream out(file);
+  for (size_t i = 0; i < f1.size(); ++i) {
+    std::string label = f1[i].second;
+    std::replace(label.begin(), label.end(), '"', '\'');
+    std::replace(label.begin(), label.end(), '\\', '/');
+    out << i << " \"" << label << "\" " << f1[i].first << '\n';
+  }
+}
+
+// Accuracies and F1, each in its own panel: 0.111 -> 0.128 must not look flat.
+std::vector<std::string> quality_names(const RunMetrics& m) {
+  std::vector<std::string> quality;
+  for (const auto* s : {&m.train, &m.eval})
+    for (const auto& n : s->names)
+      if (is_quality(n) && n.rfind("f1/", 0) != 0 && std::find(quality.begin(), quality.end(), n) == quality.end())
+        quality.push_back(n);
+  std::sort(quality.begin(), quality.end());
+  return quality;
+}
+
+// What the panels draw: the series' data files, the column of each name in
+// them, and how the train series is drawn.
+struct DataFiles {
+  fs::path train_dat, eval_dat;
+  std::map<std::string, int> train_columns, eval_columns;
+  std::string train_style;
+};
+
+// The page: a multiplot of `panels` panels, two a row, and the line styles.
+void write_layout(std::ostream& gp, const std::string& png, const std::string& run_dir, int panels,
+                  const RunMetrics& m) {
+  const int rows = (panels + 1) / 2;
+  const int64_t last_step = std::max(m.train.steps.back(), m.eval.steps.empty() ? int64_t{0} : m.eval.steps.back());
+  gp << "set terminal pngcairo noenhanced size 1400," << 380 * rows << " font ',10'\nset output " << gq(png) << "\n"
+     << "set multiplot layout " << rows << ",2 title " << gq("cohort run: " + fs::path(run_dir).filename().string())
+     << " font ',12'\n"
+     << "set grid\nset key outside right top vertical\nset xlabel 'step'\nset xrange [0:"
+     << std::max<int64_t>(1, last_step + (last_step + 24) / 25) << "]\n"
+     << "set style line 1 lc rgb '#1f77b4' lw 1.5\nset style line 2 lc rgb '#d62728' lw 1.5 pt 7 ps 0.9\n";
+}
+
+// A panel: the train column as a line, the eval column as points joined
+// (a single eval point is a marked point with its value beside it).
+void write_panel(std::ostream& gp, DataFiles& d, const RunMetrics& m, const std::string& title,
+                 const std::string& ylabel, const std::string& name) {
+  gp << "set title " << gq(title) << "\nset ylabel " << gq(ylabel) << "\nset autoscale y\nunset label\n";
+  std::vector<std::string> parts;
+  if (d.train_columns.count(name))
+    parts.push_back(quoted(d.train_dat) + " using 1:" + std::to_string(d.train_columns[name]) + " with " +
+                    d.train_style + " title 'train'");
+  if (d.eval_columns.count(name)) {
+    parts.push_back(quoted(d.eval_dat) + " using 1:" + std::to_string(d.eval_columns[name]) +
+                    " with linespoints ls 2 title " + gq("eval (" + m.eval_split + ")"));
+    // The last evaluation's value, written beside its point.
+    for (size_t i = m.eval.steps.size(); i-- > 0;) {
+      auto it = m.eval.values[i].find(name);
+      if (it == m.eval.values[i].end()) continue;
+      char value[32];
+      std::snprintf(value, sizeof value, "%.4g", it->second);
+      gp << "set label '" << value << "' at " << m.eval.steps[i] << "," << it->second << " offset -1,1 right\n";
+      break;
+    }
+  }
+  gp << "plot ";
+  for (size_t i = 0; i < parts.size(); ++i) gp << (i ? ", " : "") << parts[i];
+  gp << "\n";
+}
+
+// The logged learning rate as points, over the schedule's curve when there is one.
+void write_lr_panel(std::ostream& gp, DataFiles& d, const std::optional<fs::path>& schedule) {
+  gp << "set title 'learning rate'\nset ylabel 'learning rate'\nset autoscale y\nunset label\nset format y '%.1e'\nplot ";
+  if (schedule) gp << quoted(*schedule) << " using 1:2 with lines lc rgb '#999999' title 'schedule', ";
+  gp << quoted(d.train_dat) << " using 1:" << d.train_columns["lr"] << " with points ls 1 pt 7 ps 0.6 title 'logged'\n"
+     << "set format y '% h'\n";
+}
+
+// Throughput in the run's unit per second.
+void write_throughput_panel(std::ostream& gp, DataFiles& d, const RunMetrics& m) {
+  const std::string rate = m.train.has(m.unit + "_per_s") ? m.unit + "_per_s" : "tokens_per_s";
+  gp << "set title 'throughput'\nset ylabel " << gq(m.unit + "/s") << "\nset yrange [0:*]\nplot " << quoted(d.train_dat)
+     << " using 1:" << d.train_columns[rate] << " with " << d.train_style << " title 'all ranks'\n";
+}
+
+// The per-class F1 as one bar chart, best first.
+void write_f1_panel(std::ostream& gp, const RunMetrics& m, const ClassF1& f1, const fs::path& f1_dat) {
+  gp << "set title " << gq("per-class F1 at step " + std::to_string(m.eval.steps.back()) + " (" + m.eval_split + ", " +
+                            std::to_string(f1.size()) + " classes, best first)")
+     << "\nset ylabel 'F1'\nset xlabel ''\nset yrange [0:1]\nset xrange [-1:" << f1.size()
+     << "]\nset style fill solid 0.7\nset boxwidth 0.8\nset xtics rotate by 90 right font ',"
+     << (f1.size() > 20 ? 6 : 8) << "'\nunset key\nplot " << quoted(f1_dat)
+     << " using 1:3:xtic(2) with boxes lc rgb '#1f77b4' notitle\n";
+}
+
 }  // namespace
 
 std::string plot_run(const std::string& run_dir, const PlotOptions& options) {
@@ -122,138 +296,29 @@ std::string plot_run(const std::string& run_dir, const PlotOptions& options) {
   std::string png = options.output.empty() ? (fs::path(run_dir) / "plots.png").string() : options.output;
   fs::path work = fs::path(run_dir) / ".plot";
   fs::create_directories(work);
+  const RunMetrics m = read_metrics(in, metrics);
 
-  Series train, eval;
-  std::string unit, eval_split;
-  nlohmann::json last_eval;
-  size_t line_no = 0;
-  for (std::string line; std::getline(in, line);) {
-    ++line_no;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const std::exception&) {
-      throw DataError(detail::cat(metrics.string(), ":", line_no, ": not a JSON line"));
-    }
-    // A field of the wrong type (a null step, a string loss) is named with
-    // its line, not left to a raw JSON type error.
-    const std::string at = detail::cat(metrics.string(), ":", line_no, ": ");
-    COHORT_CHECK(j.is_object() && (!j.contains("kind") || j["kind"].is_string()), DataError, at,
-                 "not a metrics line (an object with a string \"kind\")");
-    const std::string kind = j.value("kind", "");
-    if (kind == "train" || kind == "eval") {
-      COHORT_CHECK(j.contains("step") && j["step"].is_number(), DataError, at, "\"step\" must be a number (got ",
-                   j.contains("step") ? j["step"].dump() : std::string("none"), ")");
-      for (auto& [k, v] : j.items()) {
-        COHORT_CHECK(!(k == "loss" || k == "lr" || k == "tokens_per_s") || v.is_number(), DataError, at, "\"", k,
-                     "\" must be a number (got ", v.dump(), ")");
-        COHORT_CHECK(k != "split" || v.is_string(), DataError, at, "\"split\" must be a string (got ", v.dump(), ")");
-      }
-    }
-    if (kind == "train") {
-      train.add(j);
-      if (j.contains("unit") && j["unit"].is_string()) unit = j["unit"].get<std::string>();
-    } else if (kind == "eval") {
-      // One curve: the training's own eval split (the first one logged);
-      // `cohort eval` lines for other splits are left out.
-      const std::string split = j.value("split", std::string());
-      if (eval.steps.empty()) eval_split = split;
-      if (split != eval_split) continue;
-      eval.add(j);
-      last_eval = j;
-    }
-  }
-  COHORT_CHECK(!train.steps.empty(), DataError, metrics.string(), ": no training lines to plot yet");
-  if (unit.empty()) unit = train.has("mlm_loss") ? "tokens" : "samples";  // lines written before "unit"
-
-  const fs::path train_dat = work / "train.dat", eval_dat = work / "eval.dat", lr_dat = work / "lr.dat",
-                 f1_dat = work / "f1.dat";
-  auto tc = train.write(train_dat);
-  auto ec = eval.write(eval_dat);
-  const bool schedule = options.lr_at && options.total_steps > 0;
-  if (schedule) {
-    std::ofstream lr(lr_dat);
-    const int64_t stride = std::max<int64_t>(1, options.total_steps / 2000);
-    for (int64_t s = 0; s < options.total_steps; s += stride) lr << s + 1 << ' ' << options.lr_at(s) << '\n';
-  }
-  // The last evaluation's per-class F1 ("f1/<label>"), best first.
-  std::vector<std::pair<double, std::string>> f1;
-  if (last_eval.is_object()) {
-    for (const auto& [k, v] : last_eval.items())
-      if (k.rfind("f1/", 0) == 0 && v.is_number()) f1.emplace_back(v.get<double>(), k.substr(3));
-  }
-  std::sort(f1.begin(), f1.end(), [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
-  if (!f1.empty()) {
-    std::ofstream out(f1_dat);
-    for (size_t i = 0; i < f1.size(); ++i) {
-      std::string label = f1[i].second;
-      std::replace(label.begin(), label.end(), '"', '\'');
-      std::replace(label.begin(), label.end(), '\\', '/');
-      out << i << " \"" << label << "\" " << f1[i].first << '\n';
-    }
-  }
-
-  // Accuracies and F1, each in its own panel: 0.111 -> 0.128 must not look flat.
-  std::vector<std::string> quality;
-  for (const auto* s : {&train, &eval})
-    for (const auto& n : s->names)
-      if (is_quality(n) && n.rfind("f1/", 0) != 0 && std::find(quality.begin(), quality.end(), n) == quality.end())
-        quality.push_back(n);
-  std::sort(quality.begin(), quality.end());
-
-  const int panels = 3 + static_cast<int>(quality.size()) + (f1.empty() ? 0 : 1);
-  const int rows = (panels + 1) / 2;
-  const int64_t last_step = std::max(train.steps.back(), eval.steps.empty() ? int64_t{0} : eval.steps.back());
-  std::ostringstream gp;
-  gp << "set terminal pngcairo noenhanced size 1400," << 380 * rows << " font ',10'\nset output " << gq(png) << "\n"
-     << "set multiplot layout " << rows << ",2 title " << gq("cohort run: " + fs::path(run_dir).filename().string())
-     << " font ',12'\n"
-     << "set grid\nset key outside right top vertical\nset xlabel 'step'\nset xrange [0:"
-     << std::max<int64_t>(1, last_step + (last_step + 24) / 25) << "]\n"
-     << "set style line 1 lc rgb '#1f77b4' lw 1.5\nset style line 2 lc rgb '#d62728' lw 1.5 pt 7 ps 0.9\n";
-  // A panel: the train column as a line, the eval column as points joined
-  // (a single eval point is a marked point with its value beside it).
+  DataFiles d;
+  d.train_dat = work / "train.dat";
+  d.eval_dat = work / "eval.dat";
+  const fs::path lr_dat = work / "lr.dat", f1_dat = work / "f1.dat";
+  d.train_columns = m.train.write(d.train_dat);
+  d.eval_columns = m.eval.write(d.eval_dat);
   // Few train lines (a short run): each one marked, or a single one would not show.
-  const std::string train_style = train.steps.size() < 20 ? "linespoints ls 1 pt 7 ps 0.5" : "lines ls 1";
-  auto panel = [&](const std::string& title, const std::string& ylabel, const std::string& name) {
-    gp << "set title " << gq(title) << "\nset ylabel " << gq(ylabel) << "\nset autoscale y\nunset label\n";
-    std::vector<std::string> parts;
-    if (tc.count(name))
-      parts.push_back(quoted(train_dat) + " using 1:" + std::to_string(tc[name]) + " with " + train_style + " title 'train'");
-    if (ec.count(name)) {
-      parts.push_back(quoted(eval_dat) + " using 1:" + std::to_string(ec[name]) + " with linespoints ls 2 title " +
-                      gq("eval (" + eval_split + ")"));
-      // The last evaluation's value, written beside its point.
-      for (size_t i = eval.steps.size(); i-- > 0;) {
-        auto it = eval.values[i].find(name);
-        if (it == eval.values[i].end()) continue;
-        char value[32];
-        std::snprintf(value, sizeof value, "%.4g", it->second);
-        gp << "set label '" << value << "' at " << eval.steps[i] << "," << it->second << " offset -1,1 right\n";
-        break;
-      }
-    }
-    gp << "plot ";
-    for (size_t i = 0; i < parts.size(); ++i) gp << (i ? ", " : "") << parts[i];
-    gp << "\n";
-  };
-  panel("loss", "loss (cross-entropy)", "loss");
-  for (const auto& q : quality) panel(readable(q), readable(q), q);
+  d.train_style = m.train.steps.size() < 20 ? "linespoints ls 1 pt 7 ps 0.5" : "lines ls 1";
+  const bool schedule = options.lr_at && options.total_steps > 0;
+  if (schedule) write_schedule(lr_dat, options);
+  const ClassF1 f1 = per_class_f1(m.last_eval);
+  if (!f1.empty()) write_f1(f1_dat, f1);
+  const std::vector<std::string> quality = quality_names(m);
 
-  gp << "set title 'learning rate'\nset ylabel 'learning rate'\nset autoscale y\nunset label\nset format y '%.1e'\nplot ";
-  if (schedule) gp << quoted(lr_dat) << " using 1:2 with lines lc rgb '#999999' title 'schedule', ";
-  gp << quoted(train_dat) << " using 1:" << tc["lr"] << " with points ls 1 pt 7 ps 0.6 title 'logged'\n"
-     << "set format y '% h'\n";
-  const std::string rate = train.has(unit + "_per_s") ? unit + "_per_s" : "tokens_per_s";
-  gp << "set title 'throughput'\nset ylabel " << gq(unit + "/s") << "\nset yrange [0:*]\nplot " << quoted(train_dat)
-     << " using 1:" << tc[rate] << " with " << train_style << " title 'all ranks'\n";
-  if (!f1.empty()) {
-    gp << "set title " << gq("per-class F1 at step " + std::to_string(eval.steps.back()) + " (" + eval_split + ", " +
-                              std::to_string(f1.size()) + " classes, best first)")
-       << "\nset ylabel 'F1'\nset xlabel ''\nset yrange [0:1]\nset xrange [-1:" << f1.size()
-       << "]\nset style fill solid 0.7\nset boxwidth 0.8\nset xtics rotate by 90 right font '," << (f1.size() > 20 ? 6 : 8)
-       << "'\nunset key\nplot " << quoted(f1_dat) << " using 1:3:xtic(2) with boxes lc rgb '#1f77b4' notitle\n";
-  }
+  std::ostringstream gp;
+  write_layout(gp, png, run_dir, 3 + static_cast<int>(quality.size()) + (f1.empty() ? 0 : 1), m);
+  write_panel(gp, d, m, "loss", "loss (cross-entropy)", "loss");
+  for (const auto& q : quality) write_panel(gp, d, m, readable(q), readable(q), q);
+  write_lr_panel(gp, d, schedule ? std::optional<fs::path>(lr_dat) : std::nullopt);
+  write_throughput_panel(gp, d, m);
+  if (!f1.empty()) write_f1_panel(gp, m, f1, f1_dat);
   gp << "unset multiplot\n";
   return run_gnuplot(gp.str(), work / "plot.gp", png);
 }

@@ -7,10 +7,12 @@
 
 #include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/core/format.hpp"
 #include "cohort/distributed/comm.hpp"
 #include "cohort/distributed/grad_sync.hpp"
 #include "cohort/data/order.hpp"
 #include "cohort/distributed/membership.hpp"
+#include "cohort/train/phase_timer.hpp"
 #include "cohort/train/run_dir.hpp"
 #include "cohort/train/trainer.hpp"
 
@@ -64,29 +66,25 @@ RunSummary train_elastic(const Config& cfg, Membership& membership, const RunOpt
       m.noticed = noticed;
       r.notes.clear();
       if (change.state_survived) {
-        r.handover = held;
-        // Rank 0's memory: no checkpoint is read.
-        r.resume.reset();
-        r.overwrite = false;
-        r.from_peers = true;
+        r.start = StartFromPeers{held};  // rank 0's memory: no checkpoint is read
         m.state = "memory";
         m.step = change.members[0].step;
       } else if (fs::exists(fs::path(r.out_dir) / "checkpoints" / "latest")) {
         std::vector<std::string> warnings;
-        r.resume = Checkpoints::resolve(r.out_dir, &warnings);
+        r.start = StartFromCheckpoint{Checkpoints::resolve(r.out_dir, &warnings)};
         for (auto& w : warnings) r.notes.push_back("warning: " + w);
         r.notes.push_back("elastic: no member of the previous world survived with its state; continuing from " +
-                          r.resume->dir);
+                          r.checkpoint()->dir);
         m.state = "checkpoint";
-        m.step = r.resume->state.step;
+        m.step = r.checkpoint()->state.step;
       } else {
         // Nothing survived and nothing was saved: the start as planned,
         // over what the earlier worlds wrote.
         r.notes.push_back("elastic: no member of the previous world survived with its state and the run has no "
                           "checkpoint; starting as planned");
-        r.overwrite = !r.resume;
-        m.state = r.resume ? "checkpoint" : "start";
-        m.step = r.resume ? r.resume->state.step : 0;
+        if (!r.checkpoint()) r.start = StartFresh{/*overwrite=*/true};
+        m.state = r.checkpoint() ? "checkpoint" : "start";
+        m.step = r.checkpoint() ? r.checkpoint()->state.step : 0;
       }
       r.membership = m;
     }
@@ -161,12 +159,33 @@ bool adopt_handover(Comm& comm, const Handover* held, torch::nn::Module& module,
   return true;
 }
 
-size_t complete_sample_ids(const std::string& run_dir, const Handover& held, const GlobalOrder& order, int rank) {
-  if (held.state.step == 0) return 0;
+std::string complete_sample_ids(const std::string& run_dir, const Handover& held, int64_t step,
+                                const GlobalOrder& order, int rank) {
+  if (held.state.step != step || step == 0) return "";
   const Cursor c = held.step_cursor;
   auto perm = order.permutation(c.epoch);
   std::vector<int64_t> ids(perm->begin() + c.consumed, perm->begin() + c.consumed + order.batch_size_at(c));
-  return RunDir(run_dir).complete_sample_ids(held.state.step, c.epoch, ids, rank);
+  size_t n = RunDir(run_dir).complete_sample_ids(step, c.epoch, ids, rank);
+  if (n == 0) return "";
+  return strf("elastic: logged %zu sample id(s) of step %lld for the member(s) lost after it", n,
+              static_cast<long long>(step));
+}
+
+std::string write_held_train_line(const Handover& held, const RunDir& dir, Reporter& reporter) {
+  if (!held.train_line || dir.has_train_line(held.state.step)) return "";
+  reporter.train(*held.train_line);
+  return strf("elastic: logged step %lld's train line for the world that took it",
+              static_cast<long long>(held.state.step));
+}
+
+void report_world_change(std::optional<MembershipReport>& change, Reporter& reporter) {
+  if (!change) return;
+  MembershipReport r = *change;
+  change.reset();
+  r.recovery_s = seconds_since(r.noticed);
+  r.unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                  std::chrono::system_clock::now().time_since_epoch()).count();
+  reporter.membership(r);
 }
 
 }  // namespace cohort

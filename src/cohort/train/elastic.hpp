@@ -1,4 +1,5 @@
-// defines: train_elastic, capture_handover, adopt_handover, complete_sample_ids
+// defines: train_elastic, capture_handover, adopt_handover, complete_sample_ids,
+//          write_held_train_line, report_world_change
 //
 // Training in an elastic world (the launcher's --min-nodes). Each world is
 // one generation of members agreed by Membership; a Trainer runs in it until
@@ -24,6 +25,8 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -37,6 +40,8 @@ namespace cohort {
 class Comm;
 class GlobalOrder;
 class Membership;
+class Reporter;
+class RunDir;
 struct World;
 
 // `per_world` adjusts this process's options for each world it is in (the
@@ -62,7 +67,18 @@ bool adopt_handover(Comm& comm, const Handover* held, torch::nn::Module& module,
 // Rank 0 of a world that goes on from memory (log.sample-ids): the step
 // held was applied by every member of the last world, but a member lost
 // right after it may not have logged its share of the step's sample ids.
-// Logs the missing ones for it; returns how many.
-size_t complete_sample_ids(const std::string& run_dir, const Handover& held, const GlobalOrder& order, int rank);
+// Logs the missing ones for it when the run goes on at the step held
+// (`step`); returns the log's note, "" when none were missing.
+std::string complete_sample_ids(const std::string& run_dir, const Handover& held, int64_t step,
+                                const GlobalOrder& order, int rank);
+
+// Rank 0 of a world that goes on from memory: the step held's train line,
+// built by the last world (its collectives may have failed, or its rank 0
+// died before writing it), when RUN_DIR has none. Returns the log's note.
+std::string write_held_train_line(const Handover& held, const RunDir& dir, Reporter& reporter);
+
+// The change that formed this world, once (after its first step), with the
+// seconds from noticing it until then.
+void report_world_change(std::optional<MembershipReport>& change, Reporter& reporter);
 
 }  // namespace cohort

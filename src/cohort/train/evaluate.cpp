@@ -97,12 +97,13 @@ EvalReport evaluate_report(Task& task, const Dataset& data, Comm& comm, const Ev
 
 RunSummary evaluate_checkpoint(const Config& cfg, Comm& comm, const RunOptions& run,
                                const std::string& confusion_png) {
-  COHORT_CHECK(run.resume.has_value(), UsageError, "cohort eval needs a checkpoint");
+  COHORT_CHECK(run.checkpoint() != nullptr, UsageError, "cohort eval needs a checkpoint");
+  const ResolvedCheckpoint& from = *run.checkpoint();
   auto start = Clock::now();
   const World& world = comm.world();
   seed_rngs(cfg.train.seed, world.rank);
   std::unique_ptr<Task> task = make_task(cfg, world);
-  load_model_weights(*task->module(), (std::filesystem::path(run.resume->dir) / "model.safetensors").string());
+  load_model_weights(*task->module(), (std::filesystem::path(from.dir) / "model.safetensors").string());
   COHORT_CHECK(confusion_png.empty() || !task->confusion(task->empty_tally()).empty(), UsageError,
                "--plot draws a confusion matrix, and task ", cfg.train.task, " keeps none");
   COHORT_CHECK(confusion_png.empty() || gnuplot_available(), UsageError,
@@ -114,7 +115,7 @@ RunSummary evaluate_checkpoint(const Config& cfg, Comm& comm, const RunOptions& 
   EvalReport r;
   {
     ProgressLine progress("eval " + cfg.eval.split, run.live_progress && world.is_main());
-    r = evaluate_report(*task, *data, comm, cfg.eval, run.resume->state.step, &tally, progress.callback());
+    r = evaluate_report(*task, *data, comm, cfg.eval, from.state.step, &tally, progress.callback());
   }
   reporter->eval(r);
   if (std::string details = task->eval_details(tally); !details.empty()) reporter->message(details);
@@ -132,7 +133,7 @@ RunSummary evaluate_checkpoint(const Config& cfg, Comm& comm, const RunOptions& 
     if (!run.quiet) std::printf("cohort: %s\n", sent.c_str());
   }
   RunSummary summary;
-  summary.steps = run.resume->state.step;
+  summary.steps = from.state.step;
   summary.final_eval_loss = metric_value(r.metrics, "loss");
   summary.final_eval_accuracy = metric_value(r.metrics, "accuracy");
   summary.seconds = seconds_since(start);
@@ -141,11 +142,12 @@ RunSummary evaluate_checkpoint(const Config& cfg, Comm& comm, const RunOptions& 
 
 int64_t predict_checkpoint(const Config& cfg, Comm& comm, const RunOptions& run, const std::string& input,
                            const std::string& output) {
-  COHORT_CHECK(run.resume.has_value(), UsageError, "cohort predict needs a checkpoint");
+  COHORT_CHECK(run.checkpoint() != nullptr, UsageError, "cohort predict needs a checkpoint");
+  const ResolvedCheckpoint& from = *run.checkpoint();
   const World& world = comm.world();
   seed_rngs(cfg.train.seed, world.rank);
   std::unique_ptr<Task> task = make_task(cfg, world);
-  load_model_weights(*task->module(), (std::filesystem::path(run.resume->dir) / "model.safetensors").string());
+  load_model_weights(*task->module(), (std::filesystem::path(from.dir) / "model.safetensors").string());
   auto data = task->input_set(input);
   const auto classes = task->class_names();
   const int64_t n = data->size(), k = static_cast<int64_t>(classes.size());

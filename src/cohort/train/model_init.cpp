@@ -1,9 +1,15 @@
 #include "cohort/train/model_init.hpp"
 
+#include <filesystem>
+
+#include <torch/serialize.h>
+
 #include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/format.hpp"
+#include "cohort/distributed/world.hpp"
 #include "cohort/train/task.hpp"
+#include "cohort/train/train_state.hpp"
 
 namespace cohort {
 
@@ -29,6 +35,23 @@ std::vector<std::string> load_init_weights(Task& task, const std::string& init) 
   if (!w.initialised.empty()) notes.push_back("model.init: initialised (not in the file): " + list(w.initialised));
   if (!w.ignored.empty()) notes.push_back("model.init: left out (not in this model): " + list(w.ignored));
   return notes;
+}
+
+std::string restore_checkpoint(const ResolvedCheckpoint& from, Task& task, torch::optim::Optimizer& optimizer,
+                               TrainState& state, const World& world, const std::string& data_path, int64_t usable) {
+  namespace fs = std::filesystem;
+  load_model_weights(*task.module(), (fs::path(from.dir) / "model.safetensors").string());
+  torch::load(optimizer, (fs::path(from.dir) / "optimizer.pt").string());
+  state.restore(from, world);
+  // data.path may change on resume (the data moved); the data may not.
+  COHORT_CHECK(from.state.train_samples < 0 || from.state.train_samples == task.train_set().size(), DataError,
+               from.dir, " was trained on ", from.state.train_samples, " samples but ", data_path, " holds ",
+               task.train_set().size(), ": is this the same dataset?");
+  COHORT_CHECK(state.cursor.consumed < usable, DataError, from.dir, ": cursor ", state.cursor.consumed,
+               " is outside the epoch's ", usable, " samples: is this the same dataset?");
+  return strf("resumed from %s: step %lld, epoch %lld, %lld samples into the epoch (written by %d rank(s), now %d)",
+              from.dir.c_str(), static_cast<long long>(state.step), static_cast<long long>(state.cursor.epoch),
+              static_cast<long long>(state.cursor.consumed), from.state.world_size, world.world_size);
 }
 
 }  // namespace cohort

@@ -1,12 +1,23 @@
-// defines: load_init_weights
+// defines: load_init_weights, restore_checkpoint
+//
+// Where a run's model starts: model.init's weights, or a checkpoint's.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace cohort {
 
 class Task;
+struct ResolvedCheckpoint;
+struct TrainState;
+struct World;
+}  // namespace cohort
+namespace torch::optim {
+class Optimizer;
+}  // namespace torch::optim
+namespace cohort {
 
 // model.init: `init` (a run directory, a checkpoint or a .safetensors file)
 // into the task's model. A pretraining task takes every tensor; a
@@ -14,5 +25,12 @@ class Task;
 // with it. Returns the log's notes: what was loaded, initialised and left
 // out. DataError naming model.init when `init` holds no weights.
 std::vector<std::string> load_init_weights(Task& task, const std::string& init);
+
+// A verified checkpoint's weights into the task's model, its optimizer state
+// into `optimizer` and its train state into `state`. DataError when the
+// data are not the checkpoint's: another sample count in `data_path`, or a
+// cursor beyond the epoch's `usable` samples. Returns the log's note.
+std::string restore_checkpoint(const ResolvedCheckpoint& from, Task& task, torch::optim::Optimizer& optimizer,
+                               TrainState& state, const World& world, const std::string& data_path, int64_t usable);
 
 }  // namespace cohort

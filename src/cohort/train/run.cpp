@@ -24,7 +24,7 @@ ResolvedCheckpoint resolve_checkpoint(const std::string& path, std::vector<std::
 RunOptions plan_training(const TrainRequest& request, ConfigBinding& binding, Config& cfg) {
   RunOptions run;
   run.out_dir = request.out_dir;
-  run.overwrite = request.overwrite;
+  run.start = StartFresh{request.overwrite};
   run.job_id = request.job_id;
   std::string resume_path = request.resume_path;
   if (!resume_path.empty() && run.out_dir.empty()) {
@@ -39,7 +39,7 @@ RunOptions plan_training(const TrainRequest& request, ConfigBinding& binding, Co
     // one named by --resume); without one it repeats the original start:
     // the --resume given, or a fresh run over what the failed one wrote.
     if (fs::exists(fs::path(run.out_dir) / "checkpoints" / "latest")) resume_path = run.out_dir;
-    else if (resume_path.empty()) run.overwrite = true;
+    else if (resume_path.empty()) run.start = StartFresh{/*overwrite=*/true};
   }
   // A worker of a job (it knows its job id) refuses another live job's
   // directory before its checkpoints are read (they may be pruned under a
@@ -47,20 +47,20 @@ RunOptions plan_training(const TrainRequest& request, ConfigBinding& binding, Co
   // later: a launcher may be joining the job that holds the lock; rank 0's
   // lock() decides for them.
   if (!run.job_id.empty() && fs::is_directory(run.out_dir)) RunDir(run.out_dir).refuse_if_held(run.job_id);
-  if (!resume_path.empty()) run.resume = resolve_checkpoint(resume_path, run.notes);
+  if (!resume_path.empty()) run.start = StartFromCheckpoint{resolve_checkpoint(resume_path, run.notes)};
   COHORT_CHECK(!run.out_dir.empty(), UsageError, "--out RUN_DIR is required (or --resume RUN_DIR)");
   COHORT_CHECK(!fs::exists(run.out_dir) || fs::is_directory(run.out_dir), UsageError, "--out ", run.out_dir,
                " is an existing file, not a run directory; choose another --out");
   if (!request.config_path.empty()) binding.apply_file(request.config_path);
   std::string saved_config;
-  if (run.resume) {
-    std::string path = (fs::path(run.resume->dir) / "config.toml").string();
+  if (const ResolvedCheckpoint* from = run.checkpoint()) {
+    std::string path = (fs::path(from->dir) / "config.toml").string();
     binding.apply_file(path);  // the base under --config and flags
     saved_config = read_file(path);
   }
   validate(cfg);
   run.config_toml = binding.to_toml();
-  if (run.resume) {
+  if (run.checkpoint()) {
     for (auto& change : check_resume_config(saved_config, run.config_toml)) {
       run.notes.push_back("config change accepted on resume: " + change);
     }
@@ -70,10 +70,11 @@ RunOptions plan_training(const TrainRequest& request, ConfigBinding& binding, Co
 
 EvalPlan plan_evaluation(const EvalRequest& request) {
   EvalPlan plan;
-  plan.run.resume = resolve_checkpoint(request.checkpoint, plan.run.notes);
-  plan.run.out_dir = Checkpoints::run_dir_of(plan.run.resume->dir);
+  plan.run.start = StartFromCheckpoint{resolve_checkpoint(request.checkpoint, plan.run.notes)};
+  const ResolvedCheckpoint& from = *plan.run.checkpoint();
+  plan.run.out_dir = Checkpoints::run_dir_of(from.dir);
   plan.run.evaluation = true;
-  plan.cfg = load_config((fs::path(plan.run.resume->dir) / "config.toml").string());
+  plan.cfg = load_config((fs::path(from.dir) / "config.toml").string());
   plan.cfg.eval.split = request.split;
   plan.cfg.eval.max_samples = request.max_samples;
   // The run's own label names (bert-classify), so that eval and predict

@@ -1,4 +1,4 @@
-// defines: RunMode, RunOptions, RunSummary, TrainRequest, plan_training,
+// defines: RunMode, StartFresh, StartFromCheckpoint, StartFromPeers, StartFrom, RunOptions, RunSummary, TrainRequest, plan_training,
 //          EvalRequest, EvalPlan, plan_evaluation
 //
 // The run lifecycle, decided here and nowhere else: a fresh run, an
@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "cohort/ckpt/checkpoint.hpp"
@@ -27,18 +28,28 @@ class Reporter;
 
 enum class RunMode { kFresh, kOverwrite, kResume };
 
+// Where a run starts: one of three, decided by plan_training and, in an
+// elastic job, again for each world (train/elastic.cpp).
+struct StartFresh {
+  bool overwrite = false;  // it may replace the run already in out_dir
+};
+struct StartFromCheckpoint {
+  ResolvedCheckpoint checkpoint;  // verified
+};
+// Elastic: the run goes on from the new world's rank 0's memory, not from a
+// checkpoint; every rank takes rank 0's state (adopt_handover).
+struct StartFromPeers {
+  std::shared_ptr<const Handover> held;  // this process's state from the previous world; null: it held none
+};
+using StartFrom = std::variant<StartFresh, StartFromCheckpoint, StartFromPeers>;
+
 struct RunOptions {
   std::string out_dir;       // RUN_DIR
   std::string config_toml;   // the resolved config, written to RUN_DIR/config.toml
-  bool overwrite = false;    // a fresh run may replace the run already in out_dir
+  StartFrom start;
   // The job RUN_DIR/.lock belongs to (RunDirLock): shared by all its
   // processes, restarts and elastic worlds. "": this process alone.
   std::string job_id;
-  std::optional<ResolvedCheckpoint> resume;  // continue from this checkpoint
-  // Elastic (train/elastic.hpp): this process's state from the previous
-  // world, if it held one; the new world takes rank 0's.
-  std::shared_ptr<const Handover> handover;
-  bool from_peers = false;  // elastic: the run goes on from rank 0's memory, not from a checkpoint
   std::optional<MembershipReport> membership;  // elastic: the change that formed this world, for the log
   std::vector<std::string> notes;  // told at start (resume warnings, accepted changes)
   bool quiet = false;        // no console lines
@@ -51,7 +62,17 @@ struct RunOptions {
   bool evaluation = false;
   StepHook at;  // testing aid (step_point.hpp)
 
-  RunMode mode() const { return resume || from_peers ? RunMode::kResume : overwrite ? RunMode::kOverwrite : RunMode::kFresh; }
+  // The checkpoint the run starts from; null when it starts otherwise.
+  const ResolvedCheckpoint* checkpoint() const {
+    const auto* c = std::get_if<StartFromCheckpoint>(&start);
+    return c ? &c->checkpoint : nullptr;
+  }
+  // Elastic: the state from the previous world; null when the run does not go on from peers.
+  const StartFromPeers* peers() const { return std::get_if<StartFromPeers>(&start); }
+  RunMode mode() const {
+    if (const auto* f = std::get_if<StartFresh>(&start)) return f->overwrite ? RunMode::kOverwrite : RunMode::kFresh;
+    return RunMode::kResume;
+  }
 };
 
 struct RunSummary {
@@ -90,7 +111,7 @@ struct EvalRequest {
 
 struct EvalPlan {
   Config cfg;               // the checkpoint's own, with eval.split and eval.max-samples set
-  RunOptions run;           // out_dir: the checkpoint's run; resume: the checkpoint
+  RunOptions run;           // out_dir: the checkpoint's run; start: the checkpoint
 };
 
 EvalPlan plan_evaluation(const EvalRequest& request);

@@ -1,5 +1,5 @@
 // defines: PrepareOptions, read_text_documents, read_gcide_documents,
-//          gcide_sentences, run_prepare (instances: text/instances.hpp)
+//          gcide_sentences, run_prepare (instances: prep/instances.hpp)
 //
 // `cohort prepare`: raw text -> vocabulary -> BERT pretraining instances in
 // the manner of BERT's create_pretraining_data -> NVIDIA-layout HDF5 shards
@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "cohort/text/instances.hpp"
+#include "cohort/prep/instances.hpp"
 
-namespace cohort::text {
+namespace cohort::prep {
 
 struct PrepareOptions {
   std::vector<std::string> inputs;  // text files, or the GCIDE .dict(.dz)
@@ -50,4 +50,4 @@ std::vector<std::string> gcide_sentences(const std::string& entry);
 // files and not `overwrite`.
 void run_prepare(const PrepareOptions& opts);
 
-}  // namespace cohort::text
+}  // namespace cohort::prep

@@ -19,7 +19,7 @@
 #include <cstdint>
 #include <string>
 
-namespace cohort::text {
+namespace cohort::prep {
 
 struct WordnetOptions {
   std::string dir = "/usr/share/wordnet";  // data.noun, data.verb, data.adj, data.adv
@@ -38,4 +38,4 @@ struct WordnetCounts {
 // when `out` holds files and overwrite is off.
 WordnetCounts prepare_wordnet(const WordnetOptions& opts);
 
-}  // namespace cohort::text
+}  // namespace cohort::prep

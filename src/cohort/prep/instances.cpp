@@ -1,4 +1,4 @@
-#include "cohort/text/instances.hpp"
+#include "cohort/prep/instances.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -12,7 +12,7 @@
 
 #include "cohort/core/error.hpp"
 
-namespace cohort::text {
+namespace cohort::prep {
 
 uint64_t stream_seed(uint64_t seed, uint64_t a, uint64_t b) {
   return splitmix64(splitmix64(splitmix64(seed) ^ a) ^ b);
@@ -359,4 +359,4 @@ void append_row(BertRows& rows, const Instance& inst) {
   rows.next_sentence_labels.push_back(inst.random_next ? 1 : 0);
 }
 
-}  // namespace cohort::text
+}  // namespace cohort::prep

@@ -34,7 +34,11 @@
 
 #include "cohort/core/random.hpp"
 
-namespace cohort::text {
+namespace cohort::prep {
+
+// The tokenizer the offline pipelines run (text/wordpiece.hpp).
+using text::Vocab;
+using text::WordPiece;
 
 using cohort::Rng;
 
@@ -120,4 +124,4 @@ std::vector<Instance> make_instances(const std::vector<TokenDocument>& docs, con
 // (which must be set and fit the instance).
 void append_row(BertRows& rows, const Instance& instance);
 
-}  // namespace cohort::text
+}  // namespace cohort::prep

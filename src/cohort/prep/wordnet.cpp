@@ -1,4 +1,4 @@
-#include "cohort/text/wordnet.hpp"
+#include "cohort/prep/wordnet.hpp"
 
 #include <algorithm>
 #include <array>
@@ -11,7 +11,7 @@
 #include "cohort/core/files.hpp"
 #include "cohort/core/random.hpp"
 
-namespace cohort::text {
+namespace cohort::prep {
 
 namespace {
 
@@ -114,4 +114,4 @@ WordnetCounts prepare_wordnet(const WordnetOptions& opts) {
   return counts;
 }
 
-}  // namespace cohort::text
+}  // namespace cohort::prep

@@ -14,9 +14,9 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/gz_file.hpp"
-#include "cohort/text/prepare.hpp"
+#include "cohort/prep/prepare.hpp"
 
-namespace cohort::text {
+namespace cohort::prep {
 
 namespace {
 
@@ -510,4 +510,4 @@ std::vector<Document> read_gcide_documents(const std::string& path) {
   return docs;
 }
 
-}  // namespace cohort::text
+}  // namespace cohort::prep
