@@ -1,6 +1,6 @@
 # The two commands a newcomer runs (as root on a fresh Debian 12 machine):
 #   make demo   install, build the cohort binary, then train on real data
-#   make test   install, build, then run the whole suite
+#   make test   install, build the binary and the tests, then run the whole suite
 SHELL := /bin/bash
 BUILD_DIR ?= build
 BUILD_TYPE ?= Release
@@ -19,9 +19,12 @@ configure: deps
 build: configure
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
-# ctest lists the tests that did not run (SKIPPED: no GPU here) after its
-# summary; the summary line is repeated last, where CI and people look.
-test: build
+# The suite builds what it runs: the cohort binary, the tests and the
+# oracles' tool (not the benchmarks). ctest lists the tests that did not run
+# (SKIPPED: no GPU here) after its summary; the summary line is repeated
+# last, where CI and people look.
+test: configure
+	cmake --build $(BUILD_DIR) -j$(JOBS) --target cohort_tests cohort_oracle_tool
 	cd $(BUILD_DIR) && { ctest --output-on-failure -j$(JOBS) 2>&1 | tee ctest.log; rc=$${PIPESTATUS[0]}; \
 	  grep -E '^[0-9]+% tests passed' ctest.log | tail -1; exit $$rc; }
 

@@ -15,24 +15,19 @@
 
 #include "cohort/model/dropout.hpp"
 #include "interleave.hpp"
+#include "kernel_shape.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"dropout forward+backward: libtorch's against per-sample masks"};
-  int threads = 2, rounds = 15;
-  int64_t batch = 32, seq = 128, hidden = 256, heads = 4;
-  std::string precision = "fp32";
-  app.add_option("--threads", threads)->capture_default_str();
-  app.add_option("--rounds", rounds)->capture_default_str();
-  app.add_option("--batch", batch)->capture_default_str();
-  app.add_option("--seq", seq)->capture_default_str();
-  app.add_option("--hidden", hidden)->capture_default_str();
+  cohort::bench::KernelShape k(app);
+  int64_t heads = 4;
   app.add_option("--heads", heads)->capture_default_str();
-  app.add_option("--precision", precision, "fp32 | bf16")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  torch::set_num_threads(threads);
-  const auto dtype = precision == "bf16" ? torch::kBFloat16 : torch::kFloat32;
-  std::vector<int64_t> ids(static_cast<size_t>(batch));
-  std::iota(ids.begin(), ids.end(), 0);
+  const auto dtype = k.start();
+  const std::vector<int64_t> ids = k.sample_ids();
+  const int64_t batch = k.batch, seq = k.seq, hidden = k.hidden;
+  const int rounds = k.rounds;
+  const std::string& precision = k.precision;
   for (auto shape : {std::vector<int64_t>{batch, seq, hidden}, {batch, heads, seq, seq}}) {
     auto x = torch::randn(shape).to(dtype).requires_grad_(true);
     auto g = torch::randn(shape).to(dtype);

@@ -17,25 +17,19 @@
 #include "cohort/model/dropout.hpp"
 #include "cohort/model/residual_norm.hpp"
 #include "interleave.hpp"
+#include "kernel_shape.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"dropout + residual + LayerNorm forward+backward: unfused against fused"};
-  int threads = 2, rounds = 15;
-  int64_t batch = 32, seq = 128, hidden = 256;
+  cohort::bench::KernelShape k(app);
   double p = 0.1;
-  std::string precision = "fp32";
-  app.add_option("--threads", threads)->capture_default_str();
-  app.add_option("--rounds", rounds)->capture_default_str();
-  app.add_option("--batch", batch)->capture_default_str();
-  app.add_option("--seq", seq)->capture_default_str();
-  app.add_option("--hidden", hidden)->capture_default_str();
   app.add_option("--dropout", p)->capture_default_str();
-  app.add_option("--precision", precision, "fp32 | bf16")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  torch::set_num_threads(threads);
-  const auto low = precision == "bf16" ? torch::kBFloat16 : torch::kFloat32;
-  std::vector<int64_t> ids(static_cast<size_t>(batch));
-  std::iota(ids.begin(), ids.end(), 0);
+  const auto low = k.start();
+  const std::vector<int64_t> ids = k.sample_ids();
+  const int64_t batch = k.batch, seq = k.seq, hidden = k.hidden;
+  const int rounds = k.rounds;
+  const std::string& precision = k.precision;
   cohort::DropoutRows rows(1, 0, ids);
   auto x = torch::randn({batch, seq, hidden}).to(low).requires_grad_(true);
   auto r = torch::randn({batch, seq, hidden}).requires_grad_(true);

@@ -129,7 +129,7 @@ TEST(Wordnet, SupersensesAndPartsOfSpeechSplitBySynset) {
   ASSERT_EQ(r.code, 0) << r.err;
   WordPiece wp = tiny_tokenizer();
   TextClassifyOptions o;
-  o.columns = {"gloss", "", "lexname"};
+  o.columns = {"gloss", "", "lexname", ""};
   TextClassification train(tmp / "wn/train.tsv", wp, o);
   EXPECT_EQ(train.labels().size(), 45);
   EXPECT_GT(train.size(), 90000);
@@ -208,7 +208,7 @@ TEST(BertClassify, FineTunesFromAPretrainingCheckpointWithMetricsIdenticalAtAnyW
       int rank = comm.rank();
       auto task = make_task(plan.cfg, comm.world());
       load_model_weights(*task->module(), plan.run.checkpoint()->dir + "/model.safetensors");
-      Tally tally = evaluate(*task, *task->eval_set("test"), comm, {7, 0});  // batches of 7: ragged shares
+      Tally tally = evaluate(*task, *task->eval_set("test"), comm, {7, 0, {}});  // batches of 7: ragged shares
       if (rank == 0) got = task->report(tally);
       predict_checkpoint(plan.cfg, comm, plan.run, tmp / "animals/test.tsv", out);
     });

@@ -315,3 +315,35 @@ TEST(Config, AListForAOneValueKeyIsRefused) {
   write_file(tmp / "weights.toml", "[data]\nbalance-weights = [2.0, 1.0]\n  # [model] in a comment\nbucket = 4\n");
   EXPECT_EQ(parse({}, tmp / "weights.toml").data.bucket, 4);
 }
+
+// bert-classify declares its columns itself (TaskKey): they are config keys
+// like the built-in ones, in the same [data] table, with their own checks.
+TEST(Config, ATaskKeyIsAConfigKeyLikeTheBuiltInOnes) {
+  TempDir tmp;
+  write_file(tmp / "c.toml", "[data]\ntext-column = \"sentence\"\n");
+  Config cfg = parse({"--data.max-seq-length", "64"}, tmp / "c.toml");
+  EXPECT_EQ(cfg.task_key<int64_t>("data.max-seq-length"), 64);
+  EXPECT_EQ(cfg.task_key<std::string>("data.text-column"), "sentence");
+  EXPECT_EQ(Config().task_key<std::string>("data.label-column"), "label");  // the declared default
+
+  CLI::App app;
+  Config bound;
+  ConfigBinding binding(app, bound);
+  EXPECT_EQ(binding.scope("data.text-column"), KeyScope::kFixed);
+  EXPECT_EQ(binding.scope("data.id-column"), KeyScope::kShared);
+  std::string toml = binding.to_toml();
+  size_t data = toml.find("[data]\n");
+  ASSERT_NE(data, std::string::npos) << toml;
+  EXPECT_EQ(toml.find("[data]\n", data + 1), std::string::npos) << "[data] twice:\n" << toml;
+  EXPECT_LT(toml.find("text-column = \"text\""), toml.find("[dist]")) << toml;
+  EXPECT_NE(toml.find("max-seq-length = 128\n"), std::string::npos) << toml;
+
+  cfg.task["data.max-seq-length"] = int64_t{2};
+  std::string e = cohort::test::error_of([&] { validate(cfg); });
+  EXPECT_NE(e.find("data.max-seq-length must be >= 4 (got 2)"), std::string::npos) << e;
+  cfg.task["data.max-seq-length"] = int64_t{64};
+  cfg.task["data.label-column"] = std::string();
+  e = cohort::test::error_of([&] { validate(cfg); });
+  EXPECT_NE(e.find("data.label-column must name a column (got '')"), std::string::npos) << e;
+  EXPECT_THROW(declare_task_keys({{"data.text-column", std::string("x"), "again"}}), UsageError);
+}

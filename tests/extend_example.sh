@@ -26,7 +26,18 @@ grep -q "train.task must be one of bert-classify | bert-pretrain | footwear | im
   { cat "$work/bad.err"; exit 1; }
 
 "$tool" train --train.task footwear --model.name linear --nproc-per-node 2 --train.max-steps 40 \
-  --data.global-batch 64 --optim.lr 0.01 --eval.max-samples 2000 --log.every-steps 10 --quiet --out "$work/run"
+  --data.global-batch 64 --optim.lr 0.01 --eval.max-samples 2000 --log.every-steps 10 --quiet --out "$work/run" \
+  --data.footwear-classes 5,7,9
+# The task's own key is a config key like the built-in ones: in [data] of the run's config.toml.
+"$python" - "$work/run/config.toml" <<'PY'
+import sys, tomllib
+cfg = tomllib.load(open(sys.argv[1], "rb"))
+assert cfg["data"]["footwear-classes"] == "5,7,9", cfg["data"]
+PY
+if "$tool" train --train.task footwear --data.footwear-class 5 --out "$work/bad" 2> "$work/bad.err"; then
+  echo "a misspelt task key was accepted"; exit 1
+fi
+grep -q "footwear-classes" "$work/bad.err" || { cat "$work/bad.err"; exit 1; }
 "$python" - "$work/run/metrics.jsonl" <<'PY'
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]

@@ -65,7 +65,9 @@ TEST(Fault, StopSignalEndsTheRendezvousAtOnce) {
     // Into the rendezvous: its stop handlers are installed just before it
     // (the process catches the signal), and rank 0 then hosts the store.
     ASSERT_TRUE(wait_until([&] { return cohort::test::catches(lone.pid(), sig); }, 120s)) << lone.err();
-    if (rank == 0) ASSERT_TRUE(wait_for_listen(port, 60s)) << lone.err();
+    if (rank == 0) {
+      ASSERT_TRUE(wait_for_listen(port, 60s)) << lone.err();
+    }
     auto t0 = Clock::now();
     kill(lone.pid(), sig);
     int code = lone.wait(120s);

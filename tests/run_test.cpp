@@ -28,14 +28,14 @@ TEST(RunDir, FreshRefusesARunOverwriteClearsItResumeTrimsIt) {
   TempDir tmp;
   RunDir dir(tmp / "run");
   EXPECT_TRUE(dir.prepare(RunMode::kFresh, "a = 1\n", 0).empty());
-  EXPECT_EQ(read_file(tmp / "run/config.toml"), "a = 1\n");
+  EXPECT_EQ(cohort::read_file(tmp / "run/config.toml"), "a = 1\n");
   write_file(dir.metrics_file(), "{\"kind\":\"train\",\"step\":10}\n{\"kind\":\"train\",\"step\":20}\n{\"step\":3");
   std::string e = error_of([&] { dir.prepare(RunMode::kFresh, "", 0); });
   EXPECT_NE(e.find("already holds a run"), std::string::npos) << e;
 
   for (int step : {10, 20, 30}) fs::create_directories(fs::path(tmp / "run/checkpoints") / ("step-" + std::to_string(step)));
   auto notes = dir.prepare(RunMode::kResume, "a = 2\n", 10);
-  EXPECT_EQ(read_file(dir.metrics_file()), "{\"kind\":\"train\",\"step\":10}\n");  // later and torn lines go
+  EXPECT_EQ(cohort::read_file(dir.metrics_file()), "{\"kind\":\"train\",\"step\":10}\n");  // later and torn lines go
   EXPECT_EQ(notes.size(), 2u);
   EXPECT_TRUE(fs::exists(tmp / "run/checkpoints/step-10"));
   EXPECT_TRUE(fs::exists(tmp / "run/checkpoints/abandoned-step-20"));  // moved aside, never deleted
@@ -47,17 +47,17 @@ TEST(RunDir, FreshRefusesARunOverwriteClearsItResumeTrimsIt) {
   dir.prepare(RunMode::kOverwrite, "a = 3\n", 0);
   EXPECT_FALSE(fs::exists(dir.metrics_file()));
   EXPECT_FALSE(fs::exists(tmp / "run/checkpoints"));
-  EXPECT_EQ(read_file(tmp / "run/config.toml"), "a = 3\n");
+  EXPECT_EQ(cohort::read_file(tmp / "run/config.toml"), "a = 3\n");
 }
 
 TEST(Files, AtomicWriteReplacesWholeAndLeavesNoTemporary) {
   TempDir tmp;
   write_file_atomically(tmp / "f", "old");
   write_file_atomically(tmp / "f", "new contents");
-  EXPECT_EQ(read_file(tmp / "f"), "new contents");
+  EXPECT_EQ(cohort::read_file(tmp / "f"), "new contents");
   EXPECT_FALSE(fs::exists(tmp / "f.tmp"));
   EXPECT_THROW(write_file_atomically(tmp / "no/such/dir/f", "x"), Error);
-  EXPECT_THROW(read_file(tmp / "missing"), DataError);
+  EXPECT_THROW(cohort::read_file(tmp / "missing"), DataError);
 }
 
 TEST(Registry, ListsEveryNameAndRefusesATakenOne) {
@@ -148,7 +148,7 @@ TEST(Trainer, ReportsToTheReporterItIsGiven) {
 
   // data.path may change on resume, the data may not: the checkpoint
   // records the training set's size.
-  std::string state = read_file(tmp / "run/checkpoints/step-6/state.json");
+  std::string state = cohort::read_file(tmp / "run/checkpoints/step-6/state.json");
   ASSERT_NE(state.find("\"train_samples\": 60000"), std::string::npos) << state;
   // Edited as a user with another data set would have it, re-signed.
   auto edited = nlohmann::json::parse(state);

@@ -6,8 +6,9 @@
 //       --nproc-per-node 2 --train.max-steps 60 --out runs/footwear
 //
 // The task asks of Fashion-MNIST whether an item is footwear (sandal,
-// sneaker, ankle boot: 3 of its 10 classes). The model is a linear map from
-// pixels to logits; it serves the built-in image-classify task too.
+// sneaker, ankle boot: 3 of its 10 classes; its own config key
+// data.footwear-classes says which). The model is a linear map from pixels
+// to logits; it serves the built-in image-classify task too.
 #include <cohort/cli.hpp>
 #include <cohort/config/config.hpp>
 #include <cohort/data/idx.hpp>
@@ -15,6 +16,8 @@
 #include <cohort/model/vision.hpp>
 #include <cohort/train/task.hpp>
 #include <torch/torch.h>
+
+#include <sstream>
 
 namespace {
 
@@ -30,10 +33,11 @@ cohort::ImageModel make_linear(const cohort::ModelOptions&, const cohort::ImageM
   return {m, [m](const torch::Tensor& x) { return m->forward(x); }};
 }
 
-// Fashion-MNIST with label 1 for footwear (classes 5, 7, 9), else 0.
+// Fashion-MNIST with label 1 for footwear (`classes`), else 0.
 class FootwearData : public cohort::Dataset {
  public:
-  explicit FootwearData(cohort::ImageDataset images) : images_(std::move(images)) {}
+  FootwearData(cohort::ImageDataset images, std::vector<int64_t> classes)
+      : images_(std::move(images)), classes_(std::move(classes)) {}
   int64_t size() const override { return images_.size(); }
   cohort::Example get(int64_t i) const override { return relabel(images_.get(i)); }
   cohort::Example get_batch(const std::vector<int64_t>& ids) const override {
@@ -42,19 +46,31 @@ class FootwearData : public cohort::Dataset {
   std::string describe() const override { return "footwear or not: " + images_.describe(); }
 
  private:
-  static cohort::Example relabel(cohort::Example e) {
+  cohort::Example relabel(cohort::Example e) const {
     const auto& l = e.at("label");
-    e["label"] = (l.eq(5) | l.eq(7) | l.eq(9)).to(torch::kInt64);
+    auto footwear = torch::zeros_like(l, torch::kBool);
+    for (int64_t c : classes_) footwear |= l.eq(c);
+    e["label"] = footwear.to(torch::kInt64);
     return e;
   }
   cohort::ImageDataset images_;
+  std::vector<int64_t> classes_;
 };
+
+// data.footwear-classes: "5,7,9" -> {5, 7, 9}.
+std::vector<int64_t> footwear_classes(const cohort::Config& cfg) {
+  std::vector<int64_t> out;
+  std::stringstream list(cfg.task_key<std::string>("data.footwear-classes"));
+  for (std::string item; std::getline(list, item, ',');) out.push_back(std::stoll(item));
+  return out;
+}
 
 class FootwearTask : public cohort::Task {
  public:
   FootwearTask(const cohort::Config& cfg, const cohort::World& world)
       : dir_(cfg.data.path),
-        train_(std::make_shared<FootwearData>(cohort::ImageDataset::load(cfg.data.path, "train"))),
+        classes_(footwear_classes(cfg)),
+        train_(std::make_shared<FootwearData>(cohort::ImageDataset::load(cfg.data.path, "train"), classes_)),
         device_(world.device) {
     auto probe = cohort::ImageDataset::load(cfg.data.path, "test");
     model_ = cohort::make_image_model(cfg.model, {probe.height(), probe.width(), 2});
@@ -65,7 +81,7 @@ class FootwearTask : public cohort::Task {
   const cohort::Dataset& train_set() const override { return *train_; }
   std::shared_ptr<const cohort::Dataset> eval_set(const std::string& split) const override {
     if (split == "train") return train_;
-    return std::make_shared<FootwearData>(cohort::ImageDataset::load(dir_, split));
+    return std::make_shared<FootwearData>(cohort::ImageDataset::load(dir_, split), classes_);
   }
   std::string unit_name() const override { return "images"; }
   std::vector<std::string> metric_names() const override { return {"accuracy", "loss", "recall"}; }
@@ -96,6 +112,7 @@ class FootwearTask : public cohort::Task {
 
  private:
   std::string dir_;
+  std::vector<int64_t> classes_;
   std::shared_ptr<FootwearData> train_;
   c10::Device device_;
   cohort::ImageModel model_;
@@ -105,8 +122,10 @@ class FootwearTask : public cohort::Task {
 
 int main(int argc, char** argv) {
   cohort::register_image_model("linear", make_linear);
-  cohort::register_task("footwear", [](const cohort::Config& cfg, const cohort::World& world) {
-    return std::make_unique<FootwearTask>(cfg, world);
-  });
+  cohort::register_task(
+      "footwear", [](const cohort::Config& cfg, const cohort::World& world) {
+        return std::make_unique<FootwearTask>(cfg, world);
+      },
+      {{"data.footwear-classes", std::string("5,7,9"), "footwear: the Fashion-MNIST classes that are footwear"}});
   return cohort::cli_main(argc, argv);
 }

@@ -33,12 +33,7 @@ class Predict : public Evaluation {
   int run(int argc, char** argv, std::string& who) override {
     auto adjust = [&](Config& cfg) {
       if (batch_ > 0) cfg.eval.batch = batch_;
-      for (const auto& [key, value] : columns_) {
-        if (key == "data.text-column") cfg.data.text_column = value;
-        if (key == "data.text-pair-column") cfg.data.text_pair_column = value;
-        if (key == "data.label-column") cfg.data.label_column = value;
-        if (key == "data.id-column") cfg.data.id_column = value;
-      }
+      for (const auto& [key, value] : columns_) cfg.task[key] = value;
     };
     return evaluate(argc, argv, who, adjust, [&](EvalPlan& plan, Comm& comm) {
       if (out_.empty()) out_ = plan.run.out_dir + "/predictions.jsonl";

@@ -211,12 +211,6 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
        "or auto from each rank's measured speed");
   bind("data.balance-weights", c.data.balance_weights, "data.balance = weights: one weight per rank, e.g. 2,1");
   bind("data.balance-every", c.data.balance_every, "data.balance = auto: re-measure the ranks' speeds every N steps");
-  bind("data.text-column", c.data.text_column, "bert-classify: the column (TSV header) or field (JSONL) of the text", fixed);
-  bind("data.text-pair-column", c.data.text_pair_column, "bert-classify: the second text of sentence pairs; '' = single sentences", fixed);
-  bind("data.label-column", c.data.label_column, "bert-classify: the label column; labels are strings", fixed);
-  bind("data.id-column", c.data.id_column, "bert-classify predict: a column written beside each prediction "
-       "instead of the text; '' = the text");
-  bind("data.max-seq-length", c.data.max_seq_length, "bert-classify: tokens per input with [CLS] and [SEP]s; the longer text is cut first", fixed);
   bind("data.vocab", c.data.vocab, "bert-classify: vocab.txt; '' = data.path's, else the one beside model.init", node);
   bind("data.labels", c.data.labels, "bert-classify: the label names (a run's labels.json); '' = the train split's; "
        "eval and predict use the run's", node);
@@ -278,6 +272,20 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
        "on any world size and split; rank = each rank's torch generator", fixed);
   bind("model.init", c.model.init, "start from these weights (model.safetensors, export, checkpoint or run dir); '' = fresh", fixed);
 
+  // The tasks' own keys, each after the last key of its section (to_toml
+  // writes a section once).
+  for (const auto& k : declared_task_keys()) {
+    COHORT_CHECK(std::none_of(keys_.begin(), keys_.end(), [&](const auto& key) { return key->name == k.name; }),
+                 UsageError, "config key ", k.name, " is declared by a task but is a built-in key");
+    TaskValue& value = c.task.try_emplace(k.name, k.value).first->second;
+    std::visit([&](auto& field) { bind(k.name, field, k.help, k.scope); }, value);
+    const std::string section = k.name.substr(0, k.name.find('.') + 1);
+    auto last = std::find_if(keys_.rbegin() + 1, keys_.rend(), [&](const auto& key) {
+      return key->name.compare(0, section.size(), section) == 0;
+    });
+    if (last != keys_.rend()) std::rotate(last.base(), keys_.end() - 1, keys_.end());
+  }
+
   // A key given twice is a mistake (which one was meant?), not "the last wins".
   app.parse_complete_callback([this] {
     for (const auto& k : keys_) {
@@ -293,6 +301,28 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
 }
 
 ConfigBinding::~ConfigBinding() = default;
+
+namespace {
+
+std::vector<TaskKey>& task_keys() {
+  static std::vector<TaskKey> keys;
+  return keys;
+}
+
+}  // namespace
+
+void declare_task_keys(const std::vector<TaskKey>& keys) {
+  for (const auto& k : keys) {
+    for (const auto& have : task_keys()) {
+      COHORT_CHECK(have.name != k.name, UsageError, "config key ", k.name, " is declared twice");
+    }
+    COHORT_CHECK(k.name.find('.') != std::string::npos, UsageError, "config key ", k.name,
+                 " needs a section: section.name");
+    task_keys().push_back(k);
+  }
+}
+
+const std::vector<TaskKey>& declared_task_keys() { return task_keys(); }
 
 namespace {
 
@@ -375,6 +405,9 @@ std::vector<std::string> ConfigBinding::keys() const {
 KeyScope ConfigBinding::scope(const std::string& key) const {
   for (const auto& k : keys_) {
     if (k->name == key) return k->scope;
+  }
+  for (const auto& k : declared_task_keys()) {  // declared after this binding was made
+    if (k.name == key) return k.scope;
   }
   return KeyScope::kShared;
 }
@@ -689,6 +722,13 @@ std::string ConfigBinding::to_toml() const {
 
 namespace {
 
+// A task key's value as an error shows it: '' for empty text.
+std::string shown(const TaskValue& v) {
+  if (const auto* text = std::get_if<std::string>(&v)) return text->empty() ? "''" : *text;
+  if (const auto* flag = std::get_if<bool>(&v)) return *flag ? "true" : "false";
+  return std::to_string(std::get<int64_t>(v));
+}
+
 // Upper bounds of train.threads and data.workers (see docs/configuration.md's table).
 constexpr int kMaxThreads = 1024;
 constexpr int kMaxWorkers = 256;
@@ -728,9 +768,6 @@ void validate(const Config& c) {
   require(c.data.balance == Balance::kWeights || c.data.balance_weights.empty(), "data.balance-weights",
           c.data.balance_weights.size(), "are only used with data.balance = weights; set it, or drop the weights");
   require(c.data.balance_every >= 1, "data.balance-every", c.data.balance_every, "must be >= 1");
-  require(c.data.max_seq_length >= 4, "data.max-seq-length", c.data.max_seq_length, "must be >= 4");
-  require(!c.data.text_column.empty(), "data.text-column", "''", "must name a column");
-  require(!c.data.label_column.empty(), "data.label-column", "''", "must name a column");
   require(c.data.max_micro_batch >= 0, "data.max-micro-batch", c.data.max_micro_batch, "must be >= 0");
 
   require(c.log.mlflow.empty() || c.log.mlflow.rfind("http://", 0) == 0 || c.log.mlflow.rfind("https://", 0) == 0,
@@ -777,6 +814,13 @@ void validate(const Config& c) {
   require(c.model.vocab_size >= 0, "model.vocab-size", c.model.vocab_size, "must be >= 0");
   require(c.model.attention_dropout >= 0 && c.model.attention_dropout < 1, "model.attention-dropout",
           c.model.attention_dropout, "must be in [0, 1)");
+  for (const auto& k : declared_task_keys()) {
+    if (!k.problem) continue;
+    auto it = c.task.find(k.name);
+    const TaskValue& value = it != c.task.end() ? it->second : k.value;
+    std::string why = k.problem(value);
+    COHORT_CHECK(why.empty(), ConfigError, k.name, " ", why, " (got ", shown(value), ")");
+  }
 }
 
 }  // namespace cohort

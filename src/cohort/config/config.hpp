@@ -1,4 +1,5 @@
-// defines: TrainOptions ... ModelOptions, Config, KeyScope, ConfigBinding, validate,
+// defines: TrainOptions ... ModelOptions, TaskValue, Config, KeyScope, TaskKey, declare_task_keys,
+//          declared_task_keys, ConfigBinding, validate,
 //          read_config_values, shared_config, check_resume_config, load_config
 //
 // One typed options struct per subsystem, defaults inline. Every field is a
@@ -9,12 +10,16 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "cohort/config/choice.hpp"
+#include "cohort/core/error.hpp"
 
 namespace CLI {
 class App;
@@ -46,12 +51,7 @@ struct DataOptions {
   std::vector<double> balance_weights;  // balance = weights: one per rank
   int64_t balance_every = 5;   // balance = auto: re-measure every N steps
   int64_t max_micro_batch = 0;  // cap on a rank's micro-batch; 0: none
-  // bert-classify: DIR/<split>.tsv or .jsonl, the columns to read, WordPiece
-  std::string text_column = "text";
-  std::string text_pair_column;        // "": single sentences
-  std::string label_column = "label";
-  std::string id_column;                // predict: written beside each prediction instead of the text
-  int64_t max_seq_length = 128;
+  // The BERT tasks' WordPiece (bert-classify declares its columns itself: TaskKey)
   std::string vocab;                   // vocab.txt; "": data.path's, else model.init's
   bool lowercase = true;               // uncased WordPiece
   std::string labels;                  // labels.json; "": the train split's labels
@@ -121,6 +121,10 @@ struct ModelOptions {
                               // export dir, a checkpoint dir or a run dir
 };
 
+// The value of a key a task declares for itself (TaskKey): text, an
+// integer or a flag.
+using TaskValue = std::variant<std::string, int64_t, bool>;
+
 struct Config {
   TrainOptions train;
   DataOptions data;
@@ -130,6 +134,12 @@ struct Config {
   CkptOptions ckpt;
   DistOptions dist;
   ModelOptions model;
+  // The keys tasks declared for themselves (TaskKey), by name; a key not
+  // set here has its declared default. Read them with task_key<T>(name).
+  std::map<std::string, TaskValue> task;
+
+  template <class T>
+  T task_key(const std::string& name) const;
 };
 
 // Checks every range and cross-key constraint. Throws ConfigError naming the
@@ -142,6 +152,38 @@ void validate(const Config& cfg);
 // output files). kFixed: the same on every rank and refused on resume: it
 // defines what is trained, on which samples, in which order.
 enum class KeyScope { kShared, kPerNode, kFixed };
+
+// A config key a task declares for itself, named like the built-in keys
+// (`section.name`): bound on the command line and in --config files,
+// written to config.toml, checked at start-up and on resume by its scope,
+// and kept in Config::task. bert-classify declares its columns this way;
+// a program declares its task's keys with register_task.
+//
+// A task's keys exist in a program that holds the task: declared by
+// register_task, or (a built-in task) when its file is linked in.
+struct TaskKey {
+  std::string name;  // "data.text-column"
+  TaskValue value;   // its default, and so its type
+  std::string help;
+  KeyScope scope = KeyScope::kFixed;
+  // What validate() finds wrong with a value ("must be >= 4"); "" when
+  // nothing. Null: any value of the type.
+  std::function<std::string(const TaskValue&)> problem = nullptr;
+};
+
+// Declares keys (before a ConfigBinding is made: at start-up, or in main
+// before cli_main). UsageError when a name is declared twice.
+void declare_task_keys(const std::vector<TaskKey>& keys);
+const std::vector<TaskKey>& declared_task_keys();
+
+template <class T>
+T Config::task_key(const std::string& name) const {
+  if (auto it = task.find(name); it != task.end()) return std::get<T>(it->second);
+  for (const auto& k : declared_task_keys()) {
+    if (k.name == name) return std::get<T>(k.value);
+  }
+  throw Error(detail::cat("config key ", name, " was read but no task declared it"));
+}
 
 // Declares one CLI11 option per config key on `app`, bound to `cfg`'s fields.
 // Both `app` and `cfg` must outlive the binding.

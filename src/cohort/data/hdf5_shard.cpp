@@ -1,6 +1,8 @@
 #include "cohort/data/hdf5_shard.hpp"
 
 #include <fcntl.h>
+#include <link.h>
+#include <sys/mman.h>
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -167,63 +169,154 @@ ShardShape inspect(const std::string& path) {
 // threads run, and a forked child of a threaded process may call only
 // async-signal-safe functions until it execs; HDF5 and malloc are not. The
 // new program does its work before main, in inspector_entry, when it finds
-// kInspectEnv in its environment, and never reaches main.
+// kInspectEnv in its environment, and never reaches main. It reads the file
+// names from its stdin (an in-memory file: no limit on their number), tells
+// which file it is on through fd 3, and has the stop signals blocked: a
+// Ctrl-C meant for the job is not a crash. Where Cohort is not part of the
+// program itself (a library loaded into another program), re-running the
+// program would not reach inspector_entry: the files go unguarded there.
 
 namespace {
 
 constexpr const char* kInspectEnv = "COHORT_INTERNAL_INSPECT_SHARDS";
 constexpr int kProgressFd = 3;  // the child writes the index of each file it starts on
 
-// The separate process, before main: inspects argv[1..] in turn and exits
-// 0; a crash ends it on the file it announced last. glibc passes argc and
-// argv to constructors.
-__attribute__((constructor)) void inspector_entry(int argc, char** argv, char**) {
+std::string read_all(int fd) {
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    ssize_t got = read(fd, buf, sizeof buf);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return out;
+    out.append(buf, static_cast<size_t>(got));
+  }
+}
+
+// The separate process, before main: inspects the files named on stdin (each
+// ended by a NUL) in turn and exits 0; a crash ends it on the file it
+// announced last.
+__attribute__((constructor)) void inspector_entry() {
   if (std::getenv(kInspectEnv) == nullptr) return;
   rlimit no_core{0, 0};
   setrlimit(RLIMIT_CORE, &no_core);  // its crash is expected: no core file, no report
-  for (uint64_t i = 0; i + 1 < static_cast<uint64_t>(argc); ++i) {
+  const std::string names = read_all(0);
+  uint64_t i = 0;
+  for (size_t at = 0, end; (end = names.find('\0', at)) != std::string::npos; at = end + 1, ++i) {
     if (write(kProgressFd, &i, sizeof i) != static_cast<ssize_t>(sizeof i)) _exit(0);
     try {
       Hdf5Lock lock;
-      (void)inspect(argv[i + 1]);
+      (void)inspect(names.substr(at, end - at));
     } catch (...) {
     }
   }
   _exit(0);
 }
 
-// Starts the inspector on `files`, its progress on `progress_fd`; -1 when it
-// cannot be started (then the files go unguarded, as without a pipe).
-pid_t spawn_inspector(const std::vector<std::string>& files, int progress_fd) {
-  std::vector<char*> argv = {const_cast<char*>("cohort-inspect-shards")};
-  for (const auto& f : files) argv.push_back(const_cast<char*>(f.c_str()));
-  argv.push_back(nullptr);
+// Whether inspector_entry is part of the program itself rather than of a
+// library it loaded (dl_iterate_phdr visits the program first).
+bool in_the_program() {
+  struct Probe {
+    uintptr_t addr;
+    bool inside = false;
+  } probe{reinterpret_cast<uintptr_t>(&inspector_entry)};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        auto* p = static_cast<Probe*>(data);
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+          uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
+          if (ph.p_type == PT_LOAD && p->addr >= lo && p->addr < lo + ph.p_memsz) p->inside = true;
+        }
+        return 1;  // the program only
+      },
+      &probe);
+  return probe.inside;
+}
+
+// The file names, each ended by a NUL, in an in-memory file read from its
+// start; -1 when there is none.
+int name_list(const std::vector<std::string>& files) {
+  int fd = memfd_create("cohort-shards", MFD_CLOEXEC);
+  if (fd < 0) return -1;
+  std::string names;
+  for (const auto& f : files) names += f + '\0';
+  for (size_t done = 0; done < names.size();) {
+    ssize_t put = write(fd, names.data() + done, names.size() - done);
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0) {
+      close(fd);
+      return -1;
+    }
+    done += static_cast<size_t>(put);
+  }
+  if (lseek(fd, 0, SEEK_SET) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Starts the inspector on the names in `list_fd`, its progress on
+// `progress_fd`; -1 when it cannot be started (the files then go unguarded).
+pid_t spawn_inspector(int list_fd, int progress_fd) {
+  char* argv[] = {const_cast<char*>("cohort-inspect-shards"), nullptr};
   std::string flag = std::string(kInspectEnv) + "=1";
   std::vector<char*> env = {flag.data()};
   for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
   env.push_back(nullptr);
   posix_spawn_file_actions_t actions;
+  posix_spawnattr_t attr;
   if (posix_spawn_file_actions_init(&actions) != 0) return -1;
+  if (posix_spawnattr_init(&attr) != 0) {
+    posix_spawn_file_actions_destroy(&actions);
+    return -1;
+  }
+  posix_spawn_file_actions_adddup2(&actions, list_fd, 0);
   posix_spawn_file_actions_adddup2(&actions, progress_fd, kProgressFd);
   posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
   posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  sigset_t stops;
+  sigemptyset(&stops);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&stops, sig);
+  posix_spawnattr_setsigmask(&attr, &stops);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
   pid_t pid = -1;
-  int rc = posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv.data(), env.data());
+  int rc = posix_spawn(&pid, "/proc/self/exe", &actions, &attr, argv, env.data());
+  posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&actions);
   return rc == 0 ? pid : -1;
+}
+
+// `fd`, moved above the child's fds 0 to 3 (dup2 onto itself would keep
+// close-on-exec); -1 when it cannot be.
+int above_stdio(int fd) {
+  if (fd < 0 || fd > kProgressFd) return fd;
+  int moved = fcntl(fd, F_DUPFD_CLOEXEC, kProgressFd + 1);
+  close(fd);
+  return moved;
+}
+
+// The child died before its last file: a crash, or a sanitizer's report
+// (exit code 1). Not a stop signal: those are blocked in it.
+bool crashed(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status) != 0;
+  return WIFSIGNALED(status) && WTERMSIG(status) != SIGPIPE;
 }
 
 }  // namespace
 
 void inspect_guarded(const std::vector<std::string>& files) {
+  if (files.empty() || !in_the_program()) return;
+  const int list = above_stdio(name_list(files));
+  if (list < 0) return;  // no in-memory file: go without the guard
   int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return;  // no pipe: go without the guard
-  if (fds[1] == kProgressFd) {  // dup2 onto itself would keep close-on-exec
-    int moved = fcntl(fds[1], F_DUPFD_CLOEXEC, kProgressFd + 1);
-    close(fds[1]);
-    fds[1] = moved;
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    close(list);
+    return;
   }
-  pid_t pid = fds[1] < 0 ? -1 : spawn_inspector(files, fds[1]);
+  fds[1] = above_stdio(fds[1]);
+  pid_t pid = fds[1] < 0 ? -1 : spawn_inspector(list, fds[1]);
+  close(list);
   if (fds[1] >= 0) close(fds[1]);
   if (pid < 0) {
     close(fds[0]);
@@ -240,9 +333,7 @@ void inspect_guarded(const std::vector<std::string>& files) {
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  // Killed, or ended by a sanitizer's report (exit code 1) before its last file.
-  bool died = (WIFSIGNALED(status) && WTERMSIG(status) != SIGPIPE) || (WIFEXITED(status) && WEXITSTATUS(status) != 0);
-  if (died && last < files.size()) {
+  if (crashed(status) && last < files.size()) {
     throw DataError(detail::cat(files[last], ": libhdf5 crashed reading this file (",
                                 WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) : "exit code 1",
                                 "): it is corrupt; restore or re-create it"));

@@ -46,9 +46,9 @@ struct BertBatch {
   torch::Tensor masked_ids;       // int64 [B,P], -1 where no prediction
   // data.pack (pack_bert_rows): B instances in R rows. Undefined: one
   // instance per row.
-  torch::Tensor position_ids;     // int64 [R,L], restarting at every instance
-  torch::Tensor seq_ids;          // int64 [R,L], the instance of each token; -1 on padding
-  torch::Tensor cls_index;        // int64 [B], each instance's [CLS], flat over the rows
+  torch::Tensor position_ids = {};  // int64 [R,L], restarting at every instance
+  torch::Tensor seq_ids = {};       // int64 [R,L], the instance of each token; -1 on padding
+  torch::Tensor cls_index = {};     // int64 [B], each instance's [CLS], flat over the rows
   bool packed() const { return seq_ids.defined(); }
 
   // A collated batch of BertShards (data/bert_shards.hpp): input_ids,

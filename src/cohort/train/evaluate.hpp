@@ -39,7 +39,7 @@ Tally evaluate(Task& task, const Dataset& data, Comm& comm, const EvalRun& run);
 EvalReport evaluate_report(Task& task, const Dataset& data, Comm& comm, const EvalOptions& opts, int64_t step,
                            Tally* reduced = nullptr, const EvalProgress& progress = nullptr);
 
-// `cohort eval`: the model of checkpoint run.resume, evaluated on
+// `cohort eval`: the model of checkpoint run.checkpoint(), evaluated on
 // cfg.eval.split; one eval line goes to the reporter (by default the
 // console, RUN_DIR/metrics.jsonl and, with log.tensorboard, TensorBoard).
 // run.live_progress: a progress line on stderr. Nothing else in the run
@@ -49,7 +49,7 @@ EvalReport evaluate_report(Task& task, const Dataset& data, Comm& comm, const Ev
 RunSummary evaluate_checkpoint(const Config& cfg, Comm& comm, const RunOptions& run,
                                const std::string& confusion_png = "");
 
-// `cohort predict`: the model of checkpoint run.resume on the inputs in
+// `cohort predict`: the model of checkpoint run.checkpoint() on the inputs in
 // `input` (the task's input_set), each rank a contiguous share; rank 0
 // writes one JSON line per input, in input order, to `output`: its index,
 // the predicted label, its probability, every class's probability, and

@@ -19,7 +19,10 @@ Registry<TaskFactory>& tasks() {
 
 }  // namespace
 
-void register_task(const std::string& name, TaskFactory factory) { tasks().add(name, std::move(factory)); }
+void register_task(const std::string& name, TaskFactory factory, const std::vector<TaskKey>& keys) {
+  tasks().add(name, std::move(factory));
+  declare_task_keys(keys);
+}
 
 std::vector<std::string> task_names() { return tasks().names(); }
 

@@ -20,6 +20,7 @@
 namespace cohort {
 
 struct Config;
+struct TaskKey;
 struct World;
 
 struct TaskOutput {
@@ -102,9 +103,11 @@ double mean_or_zero(const Tally& tally, const std::string& name);
 // Builds a task from the config, on world.device.
 using TaskFactory = std::function<std::unique_ptr<Task>(const Config& cfg, const World& world)>;
 
-// Makes `name` a train.task. Call it before the config is used (in main,
-// before cohort::cli_main). UsageError when the name is taken.
-void register_task(const std::string& name, TaskFactory factory);
+// Makes `name` a train.task, with config keys of its own (`keys`: on the
+// command line and in config files like the built-in keys; the task reads
+// them with cfg.task_key<T>). Call it before the config is used (in main,
+// before cohort::cli_main). UsageError when the name or a key is taken.
+void register_task(const std::string& name, TaskFactory factory, const std::vector<TaskKey>& keys = {});
 
 // Builds train.task on world.device. Throws ConfigError for an unknown name,
 // listing the registered ones.

@@ -29,6 +29,26 @@ namespace {
 namespace fs = std::filesystem;
 namespace F = torch::nn::functional;
 
+// bert-classify's own config keys (Config::task), declared when the task is
+// part of the program.
+std::string names_a_column(const TaskValue& v) { return std::get<std::string>(v).empty() ? "must name a column" : ""; }
+
+const bool bert_classify_keys_declared = [] {
+  declare_task_keys({
+      {"data.text-column", std::string("text"), "bert-classify: the column (TSV header) or field (JSONL) of the text",
+       KeyScope::kFixed, names_a_column},
+      {"data.text-pair-column", std::string(), "bert-classify: the second text of sentence pairs; '' = single sentences"},
+      {"data.label-column", std::string("label"), "bert-classify: the label column; labels are strings",
+       KeyScope::kFixed, names_a_column},
+      {"data.id-column", std::string(), "bert-classify predict: a column written beside each prediction "
+                                        "instead of the text; '' = the text", KeyScope::kShared},
+      {"data.max-seq-length", int64_t{128},
+       "bert-classify: tokens per input with [CLS] and [SEP]s; the longer text is cut first", KeyScope::kFixed,
+       [](const TaskValue& v) { return std::get<int64_t>(v) >= 4 ? "" : "must be >= 4"; }},
+  });
+  return true;
+}();
+
 // data.vocab, else DIR/vocab.txt, else the vocab.txt beside model.init (a
 // Hugging Face directory, an export) or kept in its run (tokenizer/).
 std::string find_vocab(const Config& cfg) {
@@ -62,9 +82,10 @@ class BertClassifyTask : public Task {
   BertClassifyTask(const Config& cfg, const World& world)
       : dir_(cfg.data.path), vocab_path_(find_vocab(cfg)), lowercase_(cfg.data.lowercase), device_(world.device) {
     tokenizer_ = std::make_unique<text::WordPiece>(text::Vocab::load(vocab_path_), text::TokenizerOptions{lowercase_});
-    opts_.columns = {cfg.data.text_column, cfg.data.text_pair_column, cfg.data.label_column, ""};
-    id_column_ = cfg.data.id_column;
-    opts_.max_seq_length = cfg.data.max_seq_length;
+    opts_.columns = {cfg.task_key<std::string>("data.text-column"), cfg.task_key<std::string>("data.text-pair-column"),
+                     cfg.task_key<std::string>("data.label-column"), ""};
+    id_column_ = cfg.task_key<std::string>("data.id-column");
+    opts_.max_seq_length = cfg.task_key<int64_t>("data.max-seq-length");
     if (!cfg.data.labels.empty()) {
       labels_ = LabelSet::from_json(read_file(cfg.data.labels), cfg.data.labels);  // the train split loads when needed
     } else {
@@ -75,8 +96,8 @@ class BertClassifyTask : public Task {
     BertConfig bc = BertConfig::from(cfg.model, tokenizer_->vocab().size());
     COHORT_CHECK(bc.vocab_size >= tokenizer_->vocab().size(), ConfigError, "model.vocab-size ", bc.vocab_size,
                  " is smaller than the vocabulary's ", tokenizer_->vocab().size(), " tokens");
-    COHORT_CHECK(cfg.data.max_seq_length <= bc.max_positions, ConfigError, "data.max-seq-length ",
-                 cfg.data.max_seq_length, " exceeds model.max-positions ", bc.max_positions);
+    COHORT_CHECK(opts_.max_seq_length <= bc.max_positions, ConfigError, "data.max-seq-length ",
+                 opts_.max_seq_length, " exceeds model.max-positions ", bc.max_positions);
     max_positions_ = bc.max_positions;
     model_ = BertForClassification(bc, labels().size());
     model_->to(device_);
