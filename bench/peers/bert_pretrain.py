@@ -18,8 +18,19 @@ predictions. AdamW, clipping, one optimizer step per batch. Prints one JSON
 line: {"ranks": R, "step_ms": ..., "tokens_per_s": ..., "samples_per_s": ...}
 where tokens are real (non-padding) tokens.
 
+One rank per process, started by someone else (bench/slow_link.py starts
+one in each network namespace): --rank R --ranks N --master ADDR:PORT. Then
+--hook powersgd [--powersgd-rank r] registers DDP's powerSGD_hook (from the
+first step: start_powerSGD_iter 2, the least PyTorch accepts), and
+--eval-every K --eval-rows E scores the first E rows of DIR/valid every K
+steps (the same sums Cohort's eval loss is: MLM loss per prediction plus NSP
+loss per sample) and prints a JSON line per evaluation:
+{"step": S, "train_s": seconds of training so far, "loss": ...}.
+
 Usage: bench/peers/bert_pretrain.py --hidden 256 --layers 4 --heads 4 --seq 128 \
            --batch 16 --precision bf16 --threads 2 [--ranks 2] [--data DIR] [--model hf|mirror]
+       bench/peers/bert_pretrain.py --model mirror --mlm masked --rank R --ranks N --master 10.1.0.1:29500 \
+           --data DIR --hook powersgd --eval-every 20 --eval-rows 512 --steps 200
 """
 import argparse
 import glob
@@ -99,6 +110,21 @@ class Bert(nn.Module):
         logits = F.linear(self.tr_ln(F.gelu(self.tr(rows)).float()), self.word.weight, self.bias)
         return F.cross_entropy(logits.float(), target, ignore_index=-100) + F.cross_entropy(nsp.float(), nsp_labels)
 
+    def losses(self, ids, seg, mask, positions, labels, nsp_labels):
+        """Summed MLM loss, summed NSP loss and the prediction count (evaluation)."""
+        labels = torch.where(labels >= 0, labels, -100)
+        x = self.word(ids) + self.pos(torch.arange(ids.shape[1]))[None] + self.typ(seg)
+        x = self.ln(x)
+        bias = ((1.0 - mask.float()) * -10000.0)[:, None, None, :]
+        for layer in self.layers:
+            x = layer(x, bias)
+        nsp = self.nsp(torch.tanh(self.pool(x[:, 0])))
+        rows = x.gather(1, positions[..., None].expand(-1, -1, x.shape[-1])).reshape(-1, x.shape[-1])
+        target = labels.reshape(-1)
+        logits = F.linear(self.tr_ln(F.gelu(self.tr(rows)).float()), self.word.weight, self.bias)
+        mlm = F.cross_entropy(logits.float(), target, ignore_index=-100, reduction="sum")
+        return mlm.item(), F.cross_entropy(nsp.float(), nsp_labels, reduction="sum").item(), float((target >= 0).sum())
+
 
 def synthetic_batches(args, rank):
     g = torch.Generator().manual_seed(rank)
@@ -160,11 +186,45 @@ def hf_loss(model, ids, seg, mask, positions, labels, nsp_labels):
                  next_sentence_label=nsp_labels).loss
 
 
+def valid_batches(args):
+    """The first --eval-rows rows of DIR/valid, in batches of 64."""
+    import h5py
+    keys = ("input_ids", "segment_ids", "input_mask", "masked_lm_positions", "masked_lm_ids", "next_sentence_labels")
+    rows = {k: [] for k in keys}
+    for path in sorted(glob.glob(os.path.join(args.data, "valid", "*.hdf5"))):
+        with h5py.File(path, "r") as f:
+            for k in keys:
+                rows[k].extend(np.asarray(f[k][:], dtype=np.int64))
+    n = min(args.eval_rows, len(rows["input_ids"]))
+    out = []
+    for b in range(0, n, 64):
+        d = {k: torch.from_numpy(np.stack(v[b:min(b + 64, n)])) for k, v in rows.items()}
+        pos, mid = d["masked_lm_positions"], d["masked_lm_ids"]
+        real = torch.cumprod((pos != 0).long(), 1).bool()
+        out.append((d["input_ids"], d["segment_ids"], d["input_mask"], torch.where(real, pos, 0),
+                    torch.where(real, mid, -1), d["next_sentence_labels"]))
+    return out
+
+
+def evaluate(model, batches):
+    """Cohort's eval loss: summed MLM loss over all predictions / their count
+    plus summed NSP loss / samples (the mirror model, no dropout)."""
+    model.eval()
+    mlm = nsp = preds = samples = 0.0
+    with torch.no_grad():
+        for ids, seg, mask, positions, labels, nsp_labels in batches:
+            m, n, p = model.losses(ids, seg, mask, positions, labels, nsp_labels)
+            mlm, nsp, preds, samples = mlm + m, nsp + n, preds + p, samples + ids.shape[0]
+    model.train()
+    return mlm / preds + nsp / samples
+
+
 def worker(rank, args, out):
     torch.set_num_threads(args.threads)
     if args.ranks > 1:
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(args.port)
+        host, _, port = (args.master or "127.0.0.1:%d" % args.port).rpartition(":")
+        os.environ["MASTER_ADDR"] = host
+        os.environ["MASTER_PORT"] = port
         dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
     torch.manual_seed(1)
     if args.model == "hf":
@@ -177,15 +237,22 @@ def worker(rank, args, out):
     dev = torch.device(args.device)
     model.to(dev)
     model.train()
+    plain = model
     if args.ranks > 1:
         model = nn.parallel.DistributedDataParallel(model)
+        if args.hook == "powersgd":
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+            state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=args.powersgd_rank,
+                                           start_powerSGD_iter=2, warm_start=True, use_error_feedback=True)
+            model.register_comm_hook(state, powersgd.powerSGD_hook)
+    evals = valid_batches(args) if args.eval_every else []
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=1e-4, eps=1e-6)
+                            lr=args.lr, eps=1e-6)
     batches = shard_batches(args, rank) if args.data else synthetic_batches(args, rank)
     times, tokens = [], []
-    for _ in range(args.steps):
+    for step in range(1, args.steps + 1):
         batch = tuple(t.to(dev, non_blocking=True) for t in next(batches))
         if dev.type == "cuda":
             torch.cuda.synchronize()
@@ -200,6 +267,8 @@ def worker(rank, args, out):
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         tokens.append(int(batch[2].sum()))
+        if args.eval_every and (step % args.eval_every == 0 or step == args.steps) and rank == 0:
+            print(json.dumps({"step": step, "train_s": sum(times), "loss": evaluate(plain, evals)}), flush=True)
     # Steady state: drop the first quarter; the rate over what remains, with
     # every rank's real tokens (ranks hold different rows) over rank 0's time.
     k = args.steps // 4
@@ -234,10 +303,22 @@ def main():
     ap.add_argument("--mlm", choices=["all", "masked"], default="all", help="--model mirror only")
     ap.add_argument("--data", default="", help="shards from cohort prepare; default: synthetic batches")
     ap.add_argument("--port", type=int, default=29741)
+    ap.add_argument("--rank", type=int, default=-1, help="this process is rank R of --ranks, started by someone else")
+    ap.add_argument("--master", default="", help="ADDR:PORT of rank 0 (with --rank)")
+    ap.add_argument("--hook", choices=["none", "powersgd"], default="none", help="DDP comm hook")
+    ap.add_argument("--powersgd-rank", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--eval-every", type=int, default=0, help="score DIR/valid every K steps (rank 0)")
+    ap.add_argument("--eval-rows", type=int, default=512)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="one rank only on cuda")
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
+    if args.rank >= 0:
+        worker(args.rank, args, out)
+        if args.rank == 0:
+            print(json.dumps(out.get()))
+        return
     if args.ranks > 1:
         mp.spawn(worker, args=(args, out), nprocs=args.ranks, join=True)
     else:

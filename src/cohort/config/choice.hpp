@@ -1,4 +1,4 @@
-// defines: DeviceKind, Precision, OptimizerKind, Schedule, Compression, Choices,
+// defines: DeviceKind, Precision, OptimizerKind, Schedule, Compression, SyncMode, Choices,
 //          BackendKind, Balance, DropoutRng, name_of, parse_choice, choice_list
 //
 // The config keys that take one of a fixed set of words. Each is an enum
@@ -19,7 +19,8 @@ enum class DeviceKind { kAuto, kCpu, kCuda };              // train.device
 enum class Precision { kFp32, kBf16, kFp16, kAuto };   // train.precision
 enum class OptimizerKind { kAdamW, kLamb, kSgd };          // optim.name
 enum class Schedule { kConstant, kLinear, kCosine, kPoly };  // optim.schedule
-enum class Compression { kNone, kBf16, kFp16 };        // dist.grad-compression
+enum class Compression { kNone, kBf16, kFp16, kPowerSgd };  // dist.grad-compression
+enum class SyncMode { kStep, kLocal };                 // dist.sync
 enum class BackendKind { kAuto, kNccl, kGloo };        // dist.backend
 enum class Balance { kEqual, kAuto, kWeights };        // data.balance
 enum class DropoutRng { kSample, kRank };              // model.dropout-rng
@@ -52,8 +53,15 @@ struct Choices<Schedule> {
 };
 template <>
 struct Choices<Compression> {
-  static constexpr std::array<std::pair<Compression, const char*>, 3> table{
-      {{Compression::kNone, "none"}, {Compression::kBf16, "bf16"}, {Compression::kFp16, "fp16"}}};
+  static constexpr std::array<std::pair<Compression, const char*>, 4> table{{{Compression::kNone, "none"},
+                                                                             {Compression::kBf16, "bf16"},
+                                                                             {Compression::kFp16, "fp16"},
+                                                                             {Compression::kPowerSgd, "powersgd"}}};
+};
+template <>
+struct Choices<SyncMode> {
+  static constexpr std::array<std::pair<SyncMode, const char*>, 2> table{
+      {{SyncMode::kStep, "step"}, {SyncMode::kLocal, "local"}}};
 };
 
 template <>

@@ -231,6 +231,9 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("optim.warmup-ratio", c.optim.warmup_ratio, "fraction of total steps with linear warmup from 0");
   bind("optim.min-lr-ratio", c.optim.min_lr_ratio, "final lr as a fraction of optim.lr (linear, cosine, poly)");
   bind("optim.clip-norm", c.optim.clip_norm, "clip the global gradient norm to this; 0 disables");
+  bind("optim.outer-lr", c.optim.outer_lr, "dist.sync = local: learning rate of the outer Nesterov step applied "
+       "to the ranks' averaged parameter change");
+  bind("optim.outer-momentum", c.optim.outer_momentum, "dist.sync = local: momentum of the outer Nesterov step");
 
   bind("eval.every-steps", c.eval.every_steps, "evaluate every N steps; 0 = at the end of each epoch");
   bind("eval.split", c.eval.split, "split to evaluate on");
@@ -254,7 +257,13 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
 
   bind("dist.timeout", c.dist.timeout, "seconds any collective may take before the job fails", node);
   bind("dist.bucket-cap-mb", c.dist.bucket_cap_mb, "gradient all-reduce bucket size, MiB");
-  bind("dist.grad-compression", c.dist.grad_compression, "gradient dtype on the wire");
+  bind("dist.grad-compression", c.dist.grad_compression, "gradients on the wire: none (fp32), bf16, fp16, or "
+       "powersgd (each matrix as a rank-r product, with error feedback); local sync: the parameter change's dtype");
+  bind("dist.powersgd-rank", c.dist.powersgd_rank, "powersgd: rank of each gradient matrix's approximation");
+  bind("dist.sync", c.dist.sync, "step: gradients summed exactly every step (the loss per step does not depend on "
+       "the world size); local: each rank steps alone for dist.local-steps, then the ranks average the parameter "
+       "change and apply an outer Nesterov step (DiLoCo: far less traffic, for slow links)");
+  bind("dist.local-steps", c.dist.local_steps, "dist.sync = local: inner optimizer steps between syncs");
   bind("dist.backend", c.dist.backend, "collectives on CUDA tensors: auto = nccl when built with it, else gloo; "
        "gloo also runs several ranks on one GPU. CPU tensors always use gloo");
 
@@ -803,6 +812,17 @@ void validate(const Config& c) {
           "must be > 0 and <= 1e7 seconds (116 days)");
   require(c.dist.bucket_cap_mb > 0 && c.dist.bucket_cap_mb <= 1 << 20, "dist.bucket-cap-mb", c.dist.bucket_cap_mb,
           "must be > 0 and <= 1048576 (1 TiB)");
+
+  require(c.dist.powersgd_rank >= 1 && c.dist.powersgd_rank <= 1024, "dist.powersgd-rank", c.dist.powersgd_rank,
+          "must be in [1, 1024]");
+  require(c.dist.local_steps >= 1, "dist.local-steps", c.dist.local_steps, "must be >= 1");
+  require(c.dist.sync == SyncMode::kStep || c.dist.grad_compression != Compression::kPowerSgd,
+          "dist.grad-compression", "powersgd", "compresses the gradient all-reduce, which dist.sync = local does "
+          "not have: use none or bf16 for the parameter change");
+  require(std::isfinite(c.optim.outer_lr) && c.optim.outer_lr > 0, "optim.outer-lr", c.optim.outer_lr,
+          "must be finite and > 0");
+  require(c.optim.outer_momentum >= 0 && c.optim.outer_momentum < 1, "optim.outer-momentum", c.optim.outer_momentum,
+          "must be in [0, 1)");
 
   require(c.model.hidden >= 1, "model.hidden", c.model.hidden, "must be >= 1");
   require(c.model.dropout >= 0 && c.model.dropout < 1, "model.dropout", c.model.dropout, "must be in [0, 1)");

@@ -71,6 +71,8 @@ struct OptimOptions {
   double warmup_ratio = 0.0;   // fraction of total steps spent warming up
   double min_lr_ratio = 0.0;   // final lr as a fraction of lr (linear, cosine)
   double clip_norm = 0.0;      // 0: no clipping
+  double outer_lr = 0.7;       // dist.sync = local: the outer Nesterov step's learning rate
+  double outer_momentum = 0.9;  // dist.sync = local: its momentum
 };
 
 struct EvalOptions {
@@ -100,7 +102,10 @@ struct CkptOptions {
 struct DistOptions {
   double timeout = 300.0;     // seconds any collective may take
   double bucket_cap_mb = 25.0;
-  Compression grad_compression = Compression::kNone;  // dtype on the wire
+  Compression grad_compression = Compression::kNone;  // dtype on the wire, or powersgd
+  int64_t powersgd_rank = 4;          // powersgd: rank of each gradient matrix's approximation
+  SyncMode sync = SyncMode::kStep;    // step: exact all-reduce every step; local: DiLoCo-style
+  int64_t local_steps = 8;            // local: inner steps between outer syncs
   BackendKind backend = BackendKind::kAuto;  // CUDA tensors: auto = NCCL when built with it
 };
 

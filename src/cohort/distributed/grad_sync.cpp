@@ -9,10 +9,12 @@
 
 namespace cohort {
 
-GradSyncOptions grad_sync_options(const DistOptions& dist) {
+GradSyncOptions grad_sync_options(const DistOptions& dist, uint64_t seed) {
   GradSyncOptions o;
   o.bucket_cap_bytes = static_cast<int64_t>(dist.bucket_cap_mb * (1 << 20));
   o.compression = dist.grad_compression;
+  o.powersgd_rank = dist.powersgd_rank;
+  o.seed = seed;
   return o;
 }
 
@@ -62,8 +64,10 @@ struct GradSync::Hook : torch::autograd::FunctionPostHook {
 
 GradSync::GradSync(Comm& comm, torch::nn::Module& module, GradSyncOptions opts) : comm_(comm), opts_(opts) {
   COHORT_CHECK(opts_.bucket_cap_bytes > 0, ConfigError, "dist.bucket-cap-mb must be > 0");
-  for (auto& p : module.parameters()) {
-    if (p.requires_grad()) params_.push_back(p);
+  for (auto& item : module.named_parameters()) {
+    if (!item.value().requires_grad()) continue;
+    params_.push_back(item.value());
+    names_.push_back(item.key());
   }
   // Buckets in reverse registration order; a parameter larger than the cap
   // gets a bucket of its own.
@@ -106,10 +110,105 @@ GradSync::GradSync(Comm& comm, torch::nn::Module& module, GradSyncOptions opts) 
     hook_keys_.push_back(acc->add_post_hook(std::make_unique<Hook>(this, k)));
     accumulators_.push_back(std::move(acc));
   }
+  if (opts_.compression == Compression::kPowerSgd) {
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      std::vector<std::string> names;
+      for (size_t k : buckets_[b]) names.push_back(names_[k]);
+      powersgd_.push_back(std::make_unique<PowerSgdBucket>(bucket_grads(b), names, opts_.powersgd_rank, opts_.seed));
+    }
+    worker_ = std::thread([this] { work(); });
+  }
 }
 
 GradSync::~GradSync() {
+  if (worker_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    work_cv_.notify_all();
+    worker_.join();
+  }
   for (size_t k = 0; k < accumulators_.size(); ++k) accumulators_[k]->del_post_hook(hook_keys_[k]);
+}
+
+std::vector<torch::Tensor> GradSync::bucket_grads(size_t b) const {
+  std::vector<torch::Tensor> grads;
+  for (size_t k : buckets_[b]) grads.push_back(params_[k].grad());
+  return grads;
+}
+
+// powersgd: reduces the buckets handed over, strictly in order. After an
+// error the rest of the step's buckets are only counted: finalize() throws.
+void GradSync::work() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    work_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    if (stopping_) return;
+    size_t b = queue_.front();
+    queue_.pop_front();
+    bool failed = worker_error_ != nullptr;
+    auto grads = bucket_grads(b);
+    lock.unlock();
+    if (!failed) {
+      try {
+        powersgd_[b]->reduce(comm_, grads);
+      } catch (...) {
+        lock.lock();
+        worker_error_ = std::current_exception();
+        lock.unlock();
+      }
+    }
+    lock.lock();
+    ++reduced_;
+    work_cv_.notify_all();
+  }
+}
+
+int64_t GradSync::exact_floats() const {
+  int64_t n = 0;
+  for (const auto& p : params_) n += p.numel();
+  return n;
+}
+
+int64_t GradSync::wire_floats() const {
+  if (powersgd_.empty()) return exact_floats();
+  int64_t n = 0;
+  for (const auto& b : powersgd_) n += b->wire_floats();
+  return n;
+}
+
+size_t GradSync::compressed_tensors() const {
+  size_t n = 0;
+  for (const auto& b : powersgd_) n += b->matrices();
+  return n;
+}
+
+NamedTensors GradSync::shared_state() const {
+  NamedTensors out;
+  for (const auto& b : powersgd_) {
+    for (auto& t : b->shared_state()) out.push_back(std::move(t));
+  }
+  return out;
+}
+
+NamedTensors GradSync::own_state() const {
+  NamedTensors out;
+  for (const auto& b : powersgd_) {
+    for (auto& t : b->own_state()) out.push_back(std::move(t));
+  }
+  return out;
+}
+
+void GradSync::load_state(const NamedTensors& shared, const NamedTensors& own) {
+  for (auto& b : powersgd_) {
+    b->load_shared_state(shared);
+    b->load_own_state(own);
+  }
+}
+
+void GradSync::reset_state() {
+  for (auto& b : powersgd_) b->reset();
 }
 
 void GradSync::prepare(bool sync) {
@@ -120,6 +219,8 @@ void GradSync::prepare(bool sync) {
   next_launch_ = 0;
   wire_.assign(buckets_.size(), torch::Tensor());
   pending_.clear();
+  reduced_ = 0;
+  worker_error_ = nullptr;
 }
 
 void GradSync::mark_ready(size_t param) {
@@ -148,12 +249,17 @@ void GradSync::launch(size_t b) {
     }
     offset += p.numel();
   }
+  ++collectives_;
+  if (!powersgd_.empty()) {
+    queue_.push_back(b);
+    work_cv_.notify_all();
+    return;
+  }
   torch::Tensor wire = storage_[b];
   if (opts_.compression == Compression::kBf16) wire = wire.to(torch::kBFloat16);
   if (opts_.compression == Compression::kFp16) wire = wire.to(torch::kFloat16);
   wire_[b] = wire;
   pending_.push_back(comm_.all_reduce_sum_async(wire_[b], "gradient all-reduce"));
-  ++collectives_;
 }
 
 void GradSync::finalize() {
@@ -163,9 +269,14 @@ void GradSync::finalize() {
     waiting_[next_launch_] = 0;
     launch(next_launch_++);
   }
+  sync_ = false;
+  if (!powersgd_.empty()) {
+    work_cv_.wait(lock, [this] { return reduced_ == buckets_.size(); });
+    if (worker_error_) std::rethrow_exception(worker_error_);
+    return;  // reduced in place, in the grads
+  }
   auto pending = std::move(pending_);
   pending_.clear();
-  sync_ = false;
   lock.unlock();
   for (auto& wait : pending) wait();
   if (opts_.compression == Compression::kNone) return;  // reduced in place, in the grads

@@ -8,15 +8,20 @@
 
 #include <torch/nn/module.h>
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cohort/config/choice.hpp"
 #include "cohort/config/config.hpp"
+#include "cohort/distributed/powersgd.hpp"
 
 namespace cohort {
 
@@ -32,11 +37,13 @@ void all_reduce_gradients(Comm& comm, torch::nn::Module& module);
 struct GradSyncOptions {
   int64_t bucket_cap_bytes = 25 << 20;   // dist.bucket-cap-mb
   int64_t first_bucket_bytes = 1 << 20;  // small, so communication starts early
-  Compression compression = Compression::kNone;  // dtype on the wire
+  Compression compression = Compression::kNone;  // dtype on the wire, or powersgd
+  int64_t powersgd_rank = 4;
+  uint64_t seed = 0;  // powersgd: draws the first Qs (train.seed), the same on every rank
 };
 
-// dist.bucket-cap-mb and dist.grad-compression.
-GradSyncOptions grad_sync_options(const DistOptions& dist);
+// dist.bucket-cap-mb, dist.grad-compression and dist.powersgd-rank.
+GradSyncOptions grad_sync_options(const DistOptions& dist, uint64_t seed);
 
 // A bucketed gradient reducer that overlaps communication with backward.
 //
@@ -54,6 +61,11 @@ GradSyncOptions grad_sync_options(const DistOptions& dist);
 // hooks fire in, so every rank issues the same collectives in the same order.
 // A parameter that receives no gradient in a step is reduced as zeros when
 // finalize() launches the buckets still pending, so it cannot hang the job.
+//
+// PowerSGD (distributed/powersgd.hpp) needs two all-reduces in a row per
+// bucket with arithmetic between them, so a ready bucket is handed to one
+// worker thread that reduces the buckets strictly in order while backward
+// goes on; finalize() waits for it and rethrows its error.
 class GradSync {
  public:
   GradSync(Comm& comm, torch::nn::Module& module, GradSyncOptions opts = {});
@@ -74,11 +86,27 @@ class GradSync {
   size_t launched() const { return next_launch_; }
   // Parameter indices (registration order) of each bucket, in launch order.
   const std::vector<std::vector<size_t>>& buckets() const { return buckets_; }
+  // Floats put on the wire per step, and what an exact sum would.
+  int64_t wire_floats() const;
+  int64_t exact_floats() const;
+  // powersgd: matrices compressed, and tensors in all.
+  size_t compressed_tensors() const;
+  size_t tensors() const { return params_.size(); }
+
+  // powersgd's checkpoint state: the Qs (the same on every rank) and this
+  // rank's error-feedback remainders. Empty otherwise.
+  NamedTensors shared_state() const;
+  NamedTensors own_state() const;
+  void load_state(const NamedTensors& shared, const NamedTensors& own);
+  // Back to fresh Qs and no remainders (a new elastic world).
+  void reset_state();
 
  private:
   struct Hook;
   void mark_ready(size_t param);
   void launch(size_t bucket);
+  void work();
+  std::vector<torch::Tensor> bucket_grads(size_t bucket) const;
 
   Comm& comm_;
   GradSyncOptions opts_;
@@ -96,6 +124,16 @@ class GradSync {
   std::vector<torch::Tensor> wire_;     // per launched bucket: what is all-reduced
   std::vector<std::function<void()>> pending_;
   int64_t collectives_ = 0;
+
+  // powersgd: a compressor per bucket and the worker that runs them in order.
+  std::vector<std::unique_ptr<PowerSgdBucket>> powersgd_;
+  std::vector<std::string> names_;
+  std::thread worker_;
+  std::condition_variable work_cv_;
+  std::deque<size_t> queue_;
+  size_t reduced_ = 0;  // buckets the worker finished this step
+  bool stopping_ = false;
+  std::exception_ptr worker_error_;
 };
 
 }  // namespace cohort

@@ -12,11 +12,12 @@
 
 namespace cohort {
 
-Keeper::Keeper(Comm& comm, Task& task, torch::optim::Optimizer& optimizer, TrainState& state,
+Keeper::Keeper(Comm& comm, Task& task, torch::optim::Optimizer& optimizer, ReplicaSync& replicas, TrainState& state,
                const std::string& out_dir, int keep, std::string config_toml, BestMetric best)
     : comm_(comm),
       task_(task),
       optimizer_(optimizer),
+      replicas_(replicas),
       state_(state),
       out_dir_(out_dir),
       config_toml_(std::move(config_toml)),
@@ -39,12 +40,14 @@ void Keeper::save(Reporter& reporter) {
   if (last_step_ == state_.step) return;  // already written this step (ckpt.best-metric)
   last_step_ = state_.step;
   auto t0 = Clock::now();
-  TrainState::Snapshot snapshot = state_.capture(comm_, task_.train_set().size());
+  TrainState::Snapshot snapshot = state_.capture(comm_, task_.train_set().size(), replicas_.state());
   // Every rank fails with rank 0's write error (a full disk: exit 1, the
   // file named), instead of waiting in a barrier for a rank that is gone.
   on_main_then_agree(comm_, "checkpoint write", [&] {
-    std::string dir = checkpoints_.write(snapshot.state, module_tensors(*task_.module()), optimizer_, snapshot.rng,
-                                         config_toml_);
+    std::string dir;
+    replicas_.with_synced([&] {
+      dir = checkpoints_.write(snapshot.state, module_tensors(*task_.module()), optimizer_, snapshot.rng, config_toml_);
+    });
     reporter.message(strf("ckpt  step %lld  %s  (%s)", static_cast<long long>(state_.step), dir.c_str(),
                           format_duration(seconds_since(t0)).c_str()));
   });

@@ -20,6 +20,7 @@
 namespace cohort {
 
 class Comm;
+class ReplicaSync;
 class Reporter;
 class RunDir;
 class Task;
@@ -27,9 +28,11 @@ struct TrainState;
 
 class Keeper {
  public:
-  // `best`: ckpt.best-metric and its patience, checked already.
-  Keeper(Comm& comm, Task& task, torch::optim::Optimizer& optimizer, TrainState& state, const std::string& out_dir,
-         int keep, std::string config_toml, BestMetric best);
+  // `best`: ckpt.best-metric and its patience, checked already. The
+  // checkpoint's model is the one `replicas` says every rank agrees on;
+  // its sync state goes beside the RNG streams.
+  Keeper(Comm& comm, Task& task, torch::optim::Optimizer& optimizer, ReplicaSync& replicas, TrainState& state,
+         const std::string& out_dir, int keep, std::string config_toml, BestMetric best);
 
   // A continued run's best so far and the evaluations since: read by rank 0
   // (note_best_so_far, while it sets up the run dir), then given to every
@@ -49,6 +52,7 @@ class Keeper {
   Comm& comm_;
   Task& task_;
   torch::optim::Optimizer& optimizer_;
+  ReplicaSync& replicas_;
   TrainState& state_;
   std::string out_dir_;
   std::string config_toml_;

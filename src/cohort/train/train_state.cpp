@@ -23,7 +23,7 @@ void set_cpu_rng_state(const torch::Tensor& state) {
   gen.set_state(state.to(torch::kUInt8));
 }
 
-TrainState::Snapshot TrainState::capture(Comm& comm, int64_t train_samples) const {
+TrainState::Snapshot TrainState::capture(Comm& comm, int64_t train_samples, const SyncState& sync) const {
   torch::Tensor mine = cpu_rng_state().to(torch::kInt64);
   auto states = comm.all_gather(mine, "checkpoint RNG gather");
   Snapshot s;
@@ -35,7 +35,32 @@ TrainState::Snapshot TrainState::capture(Comm& comm, int64_t train_samples) cons
   s.state.balance_shares = balance_shares;
   for (size_t r = 0; r < states.size(); ++r) s.rng.emplace_back("rank." + std::to_string(r), states[r].to(torch::kUInt8));
   if (scaler.enabled()) s.rng.emplace_back("loss_scaler", scaler.state());
+  for (const auto& [name, t] : sync.shared) s.rng.emplace_back("sync." + name, t.contiguous());
+  for (const auto& [name, t] : sync.own) {
+    auto all = comm.all_gather(t.reshape({-1}).contiguous(), "checkpoint sync-state gather");
+    for (size_t r = 0; r < all.size(); ++r) s.rng.emplace_back("rank." + std::to_string(r) + ".sync." + name, all[r]);
+  }
   return s;
+}
+
+SavedSync read_sync_state(const ResolvedCheckpoint& from) {
+  auto file = load_safetensors((std::filesystem::path(from.dir) / "rng.safetensors").string());
+  SavedSync saved;
+  saved.by_rank.resize(static_cast<size_t>(from.state.world_size));
+  const std::string shared = "sync.";
+  for (auto& [name, t] : file.tensors) {
+    if (name.rfind(shared, 0) == 0) {
+      saved.shared.emplace_back(name.substr(shared.size()), t);
+      continue;
+    }
+    auto dot = name.find(".sync.");
+    if (name.rfind("rank.", 0) != 0 || dot == std::string::npos) continue;
+    int r = std::stoi(name.substr(5, dot - 5));
+    COHORT_CHECK(r >= 0 && r < from.state.world_size, DataError, from.dir, "/rng.safetensors: ", name,
+                 " names a rank outside the checkpoint's ", from.state.world_size);
+    saved.by_rank[static_cast<size_t>(r)].emplace_back(name.substr(dot + 6), t);
+  }
+  return saved;
 }
 
 void TrainState::restore(const ResolvedCheckpoint& from, const World& world) {

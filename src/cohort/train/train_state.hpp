@@ -15,6 +15,7 @@
 #include "cohort/eval/tally.hpp"
 #include "cohort/obs/reporter.hpp"
 #include "cohort/train/precision.hpp"
+#include "cohort/train/replica_sync.hpp"
 
 namespace cohort {
 
@@ -29,19 +30,28 @@ struct TrainState {
   std::vector<int64_t> balance_shares;  // the split of a full global batch
 
   // The checkpoint's record and its rng.safetensors tensors (every rank's
-  // generator, the loss scale). Collective: every rank calls it; the
-  // tensors are complete on rank 0.
+  // generator, the loss scale, and `sync`: its shared tensors as
+  // "sync.NAME", each rank's own as "rank.R.sync.NAME", flattened).
+  // Collective: every rank calls it; the tensors are complete on rank 0.
   struct Snapshot {
     CheckpointState state;
     NamedTensors rng;
   };
-  Snapshot capture(Comm& comm, int64_t train_samples) const;
+  Snapshot capture(Comm& comm, int64_t train_samples, const SyncState& sync = {}) const;
 
   // From a verified checkpoint: step, cursor, samples and loss scale, and
   // this rank's RNG stream when the world size is unchanged (at another
   // world size ranks keep their seed-derived streams).
   void restore(const ResolvedCheckpoint& from, const World& world);
 };
+
+// A checkpoint's SyncState (TrainState::capture): the shared tensors, and
+// every writing rank's own by rank (flattened; empty lists when none).
+struct SavedSync {
+  NamedTensors shared;
+  std::vector<NamedTensors> by_rank;
+};
+SavedSync read_sync_state(const ResolvedCheckpoint& from);
 
 // An elastic world's state handed from one world to the next in memory
 // (train/elastic.hpp): what a checkpoint would hold, taken from the live

@@ -27,9 +27,28 @@ void zero_gradients(torch::nn::Module& module) {
 }
 
 // Global unit counts per loss term, then the throughput count, known before
-// any backward: from the batch plan, or one small all-reduce.
+// any backward: from the batch plan, or one small all-reduce. Local steps
+// (no grad_sync) divide by this rank's own counts, and only the throughput
+// count is global.
 std::vector<double> global_units(const StepParts& parts, const StepBatch& batch, int64_t step) {
   std::vector<double> units = {static_cast<double>(batch.global_samples), static_cast<double>(batch.global_samples)};
+  if (!parts.grad_sync) {
+    std::vector<double> local(parts.task.loss_terms() + 1, 0.0);
+    for (size_t m = 0; m < batch.micro.size(); ++m) {
+      if (batch.micro[m].empty()) continue;
+      Units u = parts.task.units_are_samples() ? Units{} : parts.task.count_units(batch.micro[m]);
+      auto rows = static_cast<double>(batch.micro_rows.at(m).size());
+      for (size_t i = 0; i + 1 < local.size(); ++i) {
+        local[i] += parts.task.units_are_samples() ? rows : static_cast<double>(u.per_term.at(i));
+      }
+      local.back() += parts.task.units_are_samples() ? rows : static_cast<double>(u.throughput);
+    }
+    local.back() = parts.task.units_are_samples()
+                       ? static_cast<double>(batch.global_samples)
+                       : parts.comm.all_reduce_sum(std::vector<double>{local.back()}, "unit count")[0];
+    for (size_t i = 0; i + 1 < local.size(); ++i) local[i] = std::max(local[i], 1.0);  // a rank dealt nothing
+    return local;
+  }
   if (!parts.task.units_are_samples()) {
     std::vector<double> local(parts.task.loss_terms() + 1, 0.0);
     for (const auto& micro : batch.micro) {
@@ -56,7 +75,7 @@ StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch
   StepResult result;
   result.tally = parts.task.empty_tally();
   for (size_t m = 0; m < batch.micro.size(); ++m) {
-    parts.grad_sync.prepare(/*sync=*/m + 1 == batch.micro.size());  // only the last backward communicates
+    if (parts.grad_sync) parts.grad_sync->prepare(/*sync=*/m + 1 == batch.micro.size());  // only the last backward communicates
     const Example& micro = batch.micro[m];
     if (micro.empty()) continue;
     auto t0 = Clock::now();
@@ -85,7 +104,7 @@ StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch
     result.tally.merge(out.tally);
   }
   auto t_comm = Clock::now();
-  parts.grad_sync.finalize();
+  if (parts.grad_sync) parts.grad_sync->finalize();
   // The step's metrics are summed over the ranks before its update is
   // applied, so every rank that applies it holds its whole record: when a
   // member is lost right after, the survivors can still log the step.
@@ -94,7 +113,7 @@ StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch
   result.units = static_cast<int64_t>(units.back());
   result.loss = metric_value(parts.task.report(result.tally), "loss");
   // The gradients are all-reduced, so every rank sees the same ones and takes
-  // the same decision. fp16: an overflow skips the step and lowers the loss
+  // the same decision (local steps: each rank its own). fp16: an overflow skips the step and lowers the loss
   // scale. Otherwise a non-finite gradient is fatal: training has diverged.
   if (state.scaler.unscale_and_update(module)) {
     double norm = clip_gradients(module, parts.clip_norm);  // global: the gradients are reduced

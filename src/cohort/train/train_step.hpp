@@ -28,11 +28,13 @@ struct TrainState;
 
 // What a step works with; owned by the trainer, set field by field.
 struct StepParts {
-  StepParts(Task& task, Comm& comm, GradSync& grad_sync, torch::optim::Optimizer& optimizer, const LrSchedule& schedule)
+  StepParts(Task& task, Comm& comm, GradSync* grad_sync, torch::optim::Optimizer& optimizer, const LrSchedule& schedule)
       : task(task), comm(comm), grad_sync(grad_sync), optimizer(optimizer), schedule(schedule) {}
   Task& task;
   Comm& comm;
-  GradSync& grad_sync;
+  // Null for dist.sync = local: each rank steps on its own gradient, divided
+  // by its own unit counts (the ranks meet in LocalSync every few steps).
+  GradSync* grad_sync;
   torch::optim::Optimizer& optimizer;
   const LrSchedule& schedule;
   Precision precision = Precision::kFp32;  // resolved: fp32, bf16 or fp16

@@ -13,6 +13,7 @@
 #include "cohort/data/loader.hpp"
 #include "cohort/distributed/comm.hpp"
 #include "cohort/distributed/grad_sync.hpp"
+#include "cohort/train/replica_sync.hpp"
 #include "cohort/obs/reporter.hpp"
 #include "cohort/train/data_plan.hpp"
 #include "cohort/train/elastic.hpp"
@@ -49,7 +50,7 @@ struct Trainer::Parts {
   std::unique_ptr<GlobalOrder> order;
   int64_t total_steps = 0;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
-  std::unique_ptr<GradSync> grad_sync;
+  std::unique_ptr<ReplicaSync> replicas;  // dist.sync: gradient sums every step, or local steps
   LrSchedule schedule;
   std::unique_ptr<Balancer> balancer;
   std::unique_ptr<Loader> loader;
@@ -103,7 +104,6 @@ Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
     });
   }
   broadcast_module(comm, *task->module());
-  grad_sync = std::make_unique<GradSync>(comm, *task->module(), grad_sync_options(cfg.dist));
   eval_data = task->eval_set(cfg.eval.split);
   DataPlan plan = plan_data(cfg, task->train_set());
   order = std::move(plan.order);
@@ -111,14 +111,22 @@ Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
   for (auto& note : plan.notes) run.notes.push_back(note);
   optimizer = make_optimizer(cfg.optim, *task->module());
   schedule = LrSchedule::from(cfg.optim, total_steps);
+  COHORT_CHECK(!(comm.elastic() && cfg.dist.sync == SyncMode::kLocal), UsageError,
+               "dist.sync = local does not run in an elastic world yet (a lost rank's open window would be lost): "
+               "use dist.sync = step, or a fixed world");
+  replicas = std::make_unique<ReplicaSync>(comm, *task->module(), *optimizer, cfg);
   if (const ResolvedCheckpoint* from = run.checkpoint()) {
     run.notes.push_back(
         restore_checkpoint(*from, *task, *optimizer, state, world, cfg.data.path, order->usable()));
+    SavedSync saved = read_sync_state(*from);
+    for (auto& note : replicas->restore(saved.shared, saved.by_rank)) run.notes.push_back(note);
   } else if (comm.elastic() && adopt_handover(comm, held(), *task->module(), *optimizer, state)) {
     COHORT_CHECK(state.cursor.consumed < order->usable(), Error, "state handover: cursor ", state.cursor.consumed,
                  " is outside the epoch's ", order->usable(), " samples");
+    std::string note = replicas->reset_for_new_world();
+    if (!note.empty()) run.notes.push_back(note);
   }
-  keeper = std::make_unique<Keeper>(comm, *task, *optimizer, state, run.out_dir, cfg.ckpt.keep, run.config_toml,
+  keeper = std::make_unique<Keeper>(comm, *task, *optimizer, *replicas, state, run.out_dir, cfg.ckpt.keep, run.config_toml,
                                     BestMetric(cfg.ckpt.best_metric, cfg.train.early_stop_patience,
                                                task->report(task->empty_tally()), cfg.train.task));
   balancer = std::make_unique<Balancer>(balancer_options(cfg, world.world_size, state.balance_shares));
@@ -188,6 +196,7 @@ void Trainer::Parts::begin() {
                                       state.step, total_steps)) {
     reporter->message(line);
   }
+  if (std::string sync = replicas->describe(); !sync.empty()) reporter->message(sync);
   log->interval().start = Clock::now();
   world_start_step = state.step;
   if (held()) log->begin(held()->first_step, held()->started);  // the summary and ETA count every world of this process
@@ -198,7 +207,7 @@ void Trainer::Parts::begin() {
 }
 
 StepParts Trainer::Parts::step_parts() const {
-  StepParts p(*task, comm, *grad_sync, *optimizer, schedule);
+  StepParts p(*task, comm, replicas->grad_sync(), *optimizer, schedule);
   p.precision = precision;
   p.device = world.device;
   p.clip_norm = cfg.optim.clip_norm;
@@ -223,6 +232,7 @@ void Trainer::Parts::finish_step(const StepBatch& batch, const StepResult& resul
   summary.step_losses.push_back(result.loss);
   state.samples_seen += batch.global_samples;
   ++state.step;
+  replicas->after_step(state.step, result.samples, state.step == total_steps);
   state.cursor = batch.next;
   step_cursor = batch.cursor;
   rng_mark = cpu_rng_state();
@@ -262,7 +272,8 @@ void Trainer::Parts::run_eval() {
   if (last_eval_step == state.step) return;
   last_eval_step = state.step;
   auto t0 = Clock::now();
-  EvalReport r = evaluate_report(*task, *eval_data, comm, cfg.eval, state.step);
+  EvalReport r;
+  replicas->with_synced([&] { r = evaluate_report(*task, *eval_data, comm, cfg.eval, state.step); });
   reporter->eval(r);
   log->interval().start += Clock::now() - t0;  // evaluation time is not training throughput
   last_eval_text = "; " + r.split + ":" + format_metrics(r.metrics);

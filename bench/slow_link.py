@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""Training across slow links: Cohort's sync modes against PyTorch DDP on
+emulated networks.
+
+Puts N hosts (2, 4) in network namespaces joined by a bridge; every host's
+link is shaped both ways with a token bucket (tc tbf) at the link's rate and
+1 ms of netem delay per direction (2 ms host to host, one way). Each host runs
+one rank with one thread. On every link and host count it runs the same
+bert-mini pretraining (GCIDE shards from `cohort prepare`, the same global
+batch, constant learning rate, AdamW, clipping, bf16 autocast) with:
+
+  exact        Cohort, dist.sync = step (the default)
+  bf16         Cohort, gradients in bf16 on the wire
+  powersgd     Cohort, dist.grad-compression = powersgd at --rank
+  local-H      Cohort, dist.sync = local with H inner steps per sync (8, 32)
+  ddp          PyTorch DistributedDataParallel (bench/peers/bert_pretrain.py,
+               the same network written out in PyTorch, MLM at the masked
+               positions as Cohort computes it)
+  ddp-powersgd the same with DDP's powerSGD_hook at --rank
+
+and prints per method and link: steps per second, bytes on the wire per step
+(host 0's interface counters, both directions), the validation loss (the
+first --eval-rows rows of the valid split) at fixed steps, and the training
+wall time to reach the validation loss exact training reaches at step
+--target-step (evaluation time excluded; "-" when not reached in --steps).
+
+Needs root (namespaces, tc); prints SKIPPED otherwise. `--check-link` only
+sets up two hosts at 20 Mbit/s and checks that 5 MB take at least the time
+the rate allows (ctest runs it as slow_link.shaping).
+
+Usage: /opt/cohort/venv/bin/python3 bench/slow_link.py [--hosts 2,4] [--links 100mbit,1gbit]
+           [--methods exact,bf16,powersgd,local-8,local-32,ddp,ddp-powersgd] [--steps 120]
+           [--target-step 60] [--eval-every 10] [--data data/gcide] [--build build]
+"""
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYTHON = sys.executable
+
+
+def sh(cmd, check=True):
+    return subprocess.run(cmd, shell=True, check=check, capture_output=True, text=True)
+
+
+class Hosts:
+    """n namespaces cslH<tag>n<i> at 10.<subnet>.0.(i+1)/24 on a bridge in
+    cslS<tag>; each veth pair shaped both ways to `rate` with `delay`."""
+
+    def __init__(self, n, rate, subnet=87, delay="1ms"):
+        self.tag = str(os.getpid() % 100000)
+        self.n, self.subnet = n, subnet
+        self.sw = "cslS" + self.tag
+        self.names = [self.sw] + [self.host(i) for i in range(n)]
+        cmds = ["ip netns add %s" % self.sw, "ip -n %s link add br0 type bridge" % self.sw,
+                "ip -n %s link set br0 up" % self.sw]
+        for i in range(n):
+            h, a, b = self.host(i), self.dev(i), "cs%si%d" % (self.tag, i)
+            cmds += ["ip netns add %s" % h, "ip link add %s type veth peer name %s" % (a, b),
+                     "ip link set %s netns %s" % (a, h), "ip link set %s netns %s" % (b, self.sw),
+                     "ip -n %s link set %s master br0" % (self.sw, b), "ip -n %s link set %s up" % (self.sw, b),
+                     "ip -n %s addr add %s/24 dev %s" % (h, self.address(i), a), "ip -n %s link set %s up" % (h, a),
+                     "ip -n %s link set lo up" % h]
+            for ns, dev in ((h, a), (self.sw, b)):  # both directions
+                cmds += ["ip netns exec %s tc qdisc add dev %s root handle 1: netem delay %s limit 100000" % (ns, dev, delay),
+                         "ip netns exec %s tc qdisc add dev %s parent 1: handle 2: tbf rate %s burst %s latency 100ms"
+                         % (ns, dev, rate, burst(rate))]
+        try:
+            for c in cmds:
+                sh(c)
+        except subprocess.CalledProcessError as e:
+            self.close()
+            raise SystemExit("slow_link: %s failed: %s" % (e.cmd, e.stderr.strip()))
+
+    def host(self, i):
+        return "cslH%sn%d" % (self.tag, i)
+
+    def dev(self, i):
+        return "ch%si%d" % (self.tag, i)
+
+    def address(self, i):
+        return "10.%d.0.%d" % (self.subnet, i + 1)
+
+    def on(self, i, cmd):
+        return ["ip", "netns", "exec", self.host(i)] + cmd
+
+    def bytes(self, i):
+        """Bytes host i's link carried so far, both directions."""
+        out = sh("ip netns exec %s cat /sys/class/net/%s/statistics/tx_bytes /sys/class/net/%s/statistics/rx_bytes"
+                 % (self.host(i), self.dev(i), self.dev(i))).stdout.split()
+        return sum(int(x) for x in out)
+
+    def close(self):
+        for name in self.names:
+            sh("ip netns del %s" % name, check=False)
+
+
+def burst(rate):
+    """tbf's bucket: at least 10 ms of the rate (and an MTU)."""
+    bits = float(rate.lower().replace("gbit", "e9").replace("mbit", "e6"))
+    return "%dkb" % max(32, int(bits / 8 * 0.01 / 1024))
+
+
+def check_link():
+    """Two hosts at 20 Mbit/s: 5 MB over TCP cannot take less than 2 s."""
+    hosts = Hosts(2, "20mbit", subnet=86)
+    try:
+        server = subprocess.Popen(hosts.on(1, [PYTHON, "-c", (
+            "import socket\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+            "s.bind(('%s', 29555)); s.listen(1); print('ready', flush=True)\nc,_=s.accept(); n=0\n"
+            "while True:\n    b=c.recv(1<<16)\n    if not b: break\n    n+=len(b)\nprint(n, flush=True)")
+            % hosts.address(1)]), stdout=subprocess.PIPE, text=True)
+        assert server.stdout.readline().strip() == "ready"
+        size = 5 * 1000 * 1000
+        t0 = time.monotonic()
+        sh("ip netns exec %s %s -c \"import socket; s=socket.create_connection(('%s', 29555)); "
+           "s.sendall(bytes(%d)); s.close()\"" % (hosts.host(0), PYTHON, hosts.address(1), size))
+        got = int(server.stdout.readline())
+        server.wait()
+        elapsed = time.monotonic() - t0
+        floor = size * 8 / 20e6
+        print("slow_link: %d bytes in %.2f s over a 20 Mbit/s link (the rate allows no less than %.2f s)"
+              % (got, elapsed, floor))
+        ok = got == size and elapsed >= 0.95 * floor
+        print("slow_link: link shaping %s" % ("works" if ok else "FAILED"))
+        return 0 if ok else 1
+    finally:
+        hosts.close()
+
+
+def prepare_data(build, data):
+    if os.path.exists(os.path.join(data, "manifest.json")):
+        return
+    print("slow_link: preparing GCIDE into %s" % data, flush=True)
+    subprocess.run([os.path.join(build, "cohort"), "prepare", "--input", "/usr/share/dictd/gcide.dict.dz", "--out",
+                    data, "--overwrite", "--vocab-size", "8192", "--max-seq-length", "128", "--max-predictions", "20",
+                    "--dupe-factor", "1"], check=True)
+
+
+COMMON = {"hidden": 256, "layers": 4, "heads": 4, "lr": 1e-3}
+
+
+def cohort_cmd(args, method, hosts, i, out):
+    cmd = [os.path.join(args.build, "cohort"), "train", "--train.task", "bert-pretrain", "--model.name", "bert",
+           "--model.hidden", str(COMMON["hidden"]), "--model.layers", str(COMMON["layers"]), "--model.heads",
+           str(COMMON["heads"]), "--model.intermediate", str(4 * COMMON["hidden"]), "--model.max-positions", "512",
+           "--data.path", args.data, "--data.global-batch", str(args.batch), "--data.workers", "1",
+           "--optim.lr", str(COMMON["lr"]), "--optim.eps", "1e-6", "--optim.schedule", "constant",
+           "--optim.clip-norm", "1.0", "--train.precision", "bf16", "--train.max-steps", str(args.steps),
+           "--train.threads", "1", "--eval.split", "valid", "--eval.every-steps", str(args.eval_every),
+           "--eval.max-samples", str(args.eval_rows), "--eval.batch", "64", "--log.every-steps", str(args.eval_every),
+           "--ckpt.every-steps", "0", "--dist.timeout", "600", "--progress-bar=false", "--out", out, "--overwrite",
+           "--init-method", "tcp://%s:29650" % hosts.address(0), "--nnodes", str(hosts.n), "--node-rank", str(i),
+           "--nproc-per-node", "1"]
+    if method == "bf16":
+        cmd += ["--dist.grad-compression", "bf16"]
+    elif method == "powersgd":
+        cmd += ["--dist.grad-compression", "powersgd", "--dist.powersgd-rank", str(args.rank)]
+    elif method.startswith("local-"):
+        cmd += ["--dist.sync", "local", "--dist.local-steps", method.split("-")[1]]
+    return cmd
+
+
+def peer_cmd(args, method, hosts, i):
+    return [PYTHON, os.path.join(ROOT, "bench", "peers", "bert_pretrain.py"), "--model", "mirror", "--mlm", "masked",
+            "--vocab", "8192", "--hidden", str(COMMON["hidden"]), "--layers", str(COMMON["layers"]), "--heads",
+            str(COMMON["heads"]), "--batch", str(args.batch // hosts.n), "--steps", str(args.steps), "--threads", "1",
+            "--precision", "bf16", "--data", args.data, "--lr", str(COMMON["lr"]), "--rank", str(i), "--ranks",
+            str(hosts.n), "--master", "%s:29651" % hosts.address(0), "--eval-every", str(args.eval_every),
+            "--eval-rows", str(args.eval_rows), "--hook", "powersgd" if method == "ddp-powersgd" else "none",
+            "--powersgd-rank", str(args.rank)]
+
+
+def cohort_curve(run_dir):
+    """(step, training seconds so far, eval loss) per evaluation."""
+    train_s, last_step, curve = 0.0, 0, []
+    for line in open(os.path.join(run_dir, "metrics.jsonl")):
+        j = json.loads(line)
+        if j["kind"] == "train":
+            train_s += j["phase_ms"]["step"] / 1e3 * (j["step"] - last_step)
+            last_step = j["step"]
+        elif j["kind"] == "eval":
+            curve.append((j["step"], train_s, j["loss"]))
+    return curve
+
+
+def run_method(args, method, hosts, work):
+    out = os.path.join(work, method)
+    before = hosts.bytes(0)
+    procs = []
+    for i in range(hosts.n):
+        cmd = peer_cmd(args, method, hosts, i) if method.startswith("ddp") else \
+            cohort_cmd(args, method, hosts, i, out + "-node%d" % i)
+        log = open(os.path.join(work, "%s.%d.log" % (method, i)), "w")
+        procs.append((subprocess.Popen(hosts.on(i, cmd), stdout=subprocess.PIPE if i == 0 else log, stderr=log,
+                                       text=True), log))
+    lines = procs[0][0].communicate()[0] or ""
+    for p, log in procs:
+        p.wait()
+        log.close()
+        if p.returncode != 0:
+            raise SystemExit("slow_link: %s failed on a host (exit %d): see %s" % (method, p.returncode, work))
+    wire = (hosts.bytes(0) - before) / args.steps
+    if method.startswith("ddp"):
+        curve = [(j["step"], j["train_s"], j["loss"]) for j in map(json.loads, lines.splitlines()) if "train_s" in j]
+    else:
+        curve = cohort_curve(out + "-node0")
+    return {"method": method, "curve": curve, "wire_per_step": wire}
+
+
+def time_to(curve, target):
+    for step, seconds, loss in curve:
+        if loss <= target:
+            return seconds
+    return None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hosts", default="2,4")
+    ap.add_argument("--links", default="100mbit,1gbit")
+    ap.add_argument("--methods", default="exact,bf16,powersgd,local-8,local-32,ddp,ddp-powersgd")
+    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--target-step", type=int, default=60)
+    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--eval-rows", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=32, help="global batch")
+    ap.add_argument("--rank", type=int, default=4, help="PowerSGD's rank (Cohort and DDP)")
+    ap.add_argument("--data", default=os.path.join(ROOT, "data", "gcide"))
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--work", default="/tmp/cohort-slow-link")
+    ap.add_argument("--check-link", action="store_true")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("SKIPPED: network namespaces and tc need root")
+        return 0
+    if sh("ip -V", check=False).returncode != 0 or sh("tc -V", check=False).returncode != 0:
+        print("SKIPPED: iproute2 (ip, tc) is not installed")
+        return 0
+    if args.check_link:
+        return check_link()
+    prepare_data(args.build, args.data)
+    methods = args.methods.split(",")
+    print("slow_link: bert-mini (H=%d, L=%d), global batch %d, %d steps, eval every %d on %d valid rows; "
+          "target: exact's eval loss at step %d" % (COMMON["hidden"], COMMON["layers"], args.batch, args.steps,
+                                                    args.eval_every, args.eval_rows, args.target_step), flush=True)
+    for n in map(int, args.hosts.split(",")):
+        for link in args.links.split(","):
+            hosts = Hosts(n, link)
+            work = os.path.join(args.work, "%dhosts-%s" % (n, link))
+            os.makedirs(work, exist_ok=True)
+            try:
+                results = []
+                for m in methods:
+                    results.append(run_method(args, m, hosts, work))
+                    r = results[-1]
+                    print("  %d hosts %s %-13s done: eval %s" % (n, link, m, ", ".join(
+                        "%d:%.3f" % (s, l) for s, _, l in r["curve"])), flush=True)
+            finally:
+                hosts.close()
+            exact = next((r for r in results if r["method"] == "exact"), results[0])
+            target = next(l for s, _, l in exact["curve"] if s >= args.target_step)
+            ddp = next((r for r in results if r["method"] == "ddp"), None)
+            ddp_t = time_to(ddp["curve"], target) if ddp else None
+            print("\n%d hosts, %s (tbf both ways, 2 ms one way); target eval loss %.4f (exact at step %d)"
+                  % (n, link, target, args.target_step))
+            print("| method | steps/s | MB on the wire/step | eval loss @%d | @%d | time to target | vs ddp |"
+                  % (args.target_step, args.steps))
+            print("|---|---|---|---|---|---|---|")
+            for r in results:
+                curve = r["curve"]
+                total_s = curve[-1][1]
+                at = lambda k: next((l for s, _, l in curve if s >= k), float("nan"))
+                t = time_to(curve, target)
+                print("| %s | %.2f | %.2f | %.4f | %.4f | %s | %s |" % (
+                    r["method"], curve[-1][0] / total_s, r["wire_per_step"] / 1e6, at(args.target_step),
+                    at(args.steps), "%.0f s" % t if t else "-",
+                    "%.2fx" % (ddp_t / t) if t and ddp_t else "-"), flush=True)
+            print(flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

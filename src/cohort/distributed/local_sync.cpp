@@ -1,0 +1,137 @@
+#include "cohort/distributed/local_sync.hpp"
+
+#include <torch/torch.h>
+
+#include <map>
+
+#include "cohort/core/error.hpp"
+#include "cohort/core/format.hpp"
+#include "cohort/distributed/comm.hpp"
+
+namespace cohort {
+
+namespace {
+
+constexpr char kMomentum[] = "local.momentum";
+constexpr char kParams[] = "local.params";
+constexpr char kSamples[] = "local.window-samples";
+
+torch::Tensor find(const NamedTensors& tensors, const std::string& name) {
+  for (const auto& [n, t] : tensors) {
+    if (n == name) return t;
+  }
+  return torch::Tensor();
+}
+
+}  // namespace
+
+LocalSync::LocalSync(Comm& comm, torch::nn::Module& module, LocalSyncOptions opts) : comm_(comm), opts_(opts) {
+  COHORT_CHECK(opts_.every >= 1, ConfigError, "dist.local-steps must be >= 1, got ", opts_.every);
+  for (auto& p : module.parameters()) {
+    if (p.requires_grad()) params_.push_back(p);
+  }
+  for (auto& b : module.buffers()) {
+    if (b.is_floating_point()) params_.push_back(b);
+  }
+  anchor_ = flat_params();
+  momentum_ = torch::zeros_like(anchor_);
+}
+
+torch::Tensor LocalSync::flat_params() const {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> parts;
+  for (const auto& p : params_) parts.push_back(p.detach().reshape({-1}).to(torch::kFloat32));
+  return parts.empty() ? torch::zeros({0}) : torch::cat(parts);
+}
+
+void LocalSync::set_params(const torch::Tensor& flat) {
+  torch::NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (auto& p : params_) {
+    p.detach().copy_(flat.narrow(0, offset, p.numel()).view_as(p));
+    offset += p.numel();
+  }
+}
+
+// anchor -= lr * (change + momentum * buf), buf = momentum * buf + change
+// (torch.optim.SGD's Nesterov form), on every rank alike.
+void LocalSync::outer_step(const torch::Tensor& mean_change) {
+  momentum_.mul_(opts_.outer_momentum).add_(mean_change);
+  anchor_.sub_(mean_change.add(momentum_, opts_.outer_momentum), opts_.outer_lr);
+}
+
+bool LocalSync::after_step(int64_t step, int64_t samples, bool force) {
+  window_samples_ += static_cast<double>(samples);
+  if (step % opts_.every != 0 && !force) return false;
+  torch::NoGradGuard no_grad;
+  // Each rank's change, weighted by its share of the window's samples, so
+  // that a rank dealt more (data.balance) counts for more.
+  double total = comm_.all_reduce_sum(std::vector<double>{window_samples_}, "local sync sample count")[0];
+  torch::Tensor change = anchor_ - flat_params();
+  change.mul_(total > 0 ? window_samples_ / total : 1.0 / comm_.size());
+  if (opts_.wire == Compression::kBf16) change = change.to(torch::kBFloat16);
+  if (opts_.wire == Compression::kFp16) change = change.to(torch::kFloat16);
+  comm_.all_reduce_sum(change, "local sync all-reduce");
+  outer_step(change.to(torch::kFloat32));
+  set_params(anchor_);
+  window_samples_ = 0;
+  ++syncs_;
+  return true;
+}
+
+void LocalSync::with_synced(const std::function<void()>& fn) {
+  if (stash_.defined()) return fn();  // already in
+  stash_ = flat_params();
+  set_params(anchor_);
+  try {
+    fn();
+  } catch (...) {
+    set_params(stash_);
+    stash_ = torch::Tensor();
+    throw;
+  }
+  set_params(stash_);
+  stash_ = torch::Tensor();
+}
+
+NamedTensors LocalSync::shared_state() const { return {{kMomentum, momentum_}}; }
+
+NamedTensors LocalSync::own_state() const {
+  return {{kParams, stash_.defined() ? stash_ : flat_params()},
+          {kSamples, torch::tensor({window_samples_}, torch::kFloat64)}};
+}
+
+std::string LocalSync::load_state(const NamedTensors& shared, const std::vector<NamedTensors>& by_rank, int rank) {
+  torch::NoGradGuard no_grad;
+  anchor_ = flat_params();
+  auto check = [&](const torch::Tensor& t, const std::string& name, int64_t numel) {
+    COHORT_CHECK(t.defined(), DataError, "local sync: the checkpoint lacks ", name,
+                 " (was it written with dist.sync = step?)");
+    COHORT_CHECK(t.numel() == numel, DataError, "local sync: the checkpoint's ", name, " holds ", t.numel(),
+                 " values, the model ", numel);
+    return t.to(torch::kFloat32).reshape({-1});
+  };
+  momentum_ = check(find(shared, kMomentum), kMomentum, anchor_.numel()).clone();
+  if (static_cast<int>(by_rank.size()) == comm_.size()) {
+    const auto& mine = by_rank.at(static_cast<size_t>(rank));
+    set_params(check(find(mine, kParams), kParams, anchor_.numel()));
+    window_samples_ = check(find(mine, kSamples), kSamples, 1).item<double>();
+    return "";
+  }
+  // Another world size: merge the open window as a sync would have.
+  double total = 0;
+  for (const auto& r : by_rank) total += check(find(r, kSamples), kSamples, 1).item<double>();
+  window_samples_ = 0;
+  if (total == 0) return "";  // written at a sync: nothing open
+  torch::Tensor mean_change = torch::zeros_like(anchor_);
+  for (const auto& r : by_rank) {
+    double w = check(find(r, kSamples), kSamples, 1).item<double>() / total;
+    mean_change.add_(anchor_ - check(find(r, kParams), kParams, anchor_.numel()), w);
+  }
+  outer_step(mean_change);
+  set_params(anchor_);
+  return strf("local sync: the checkpoint's %zu rank(s) had %.0f samples in an open window; merged by one outer step "
+              "before going on with %d rank(s)", by_rank.size(), total, comm_.size());
+}
+
+}  // namespace cohort

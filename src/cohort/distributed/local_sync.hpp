@@ -1,0 +1,86 @@
+// defines: LocalSyncOptions, LocalSync
+//
+// dist.sync = local, DiLoCo-style (Douillard et al. 2023): each rank takes
+// `every` optimizer steps of its own on its share of the data, with no
+// gradient all-reduce, and then the ranks average the parameter change since
+// the last sync (the "outer gradient", weighted by the samples each rank
+// trained on) in one all-reduce and apply it with an outer Nesterov step to
+// the parameters of the last sync. Every rank then starts the next window
+// from the same parameters; each keeps its own inner optimizer state.
+//
+// With every = 1, outer lr 1 and momentum 0 and plain SGD this is exact
+// data-parallel training: the average of the ranks' one-step parameters is
+// one step on the average gradient.
+//
+// Cross-rank contract: every rank calls after_step() at every step with the
+// same step and force; the outer all-reduce is the only collective.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cohort/ckpt/safetensors.hpp"
+#include "cohort/config/choice.hpp"
+
+namespace cohort {
+
+class Comm;
+
+struct LocalSyncOptions {
+  int64_t every = 8;          // dist.local-steps
+  double outer_lr = 0.7;      // optim.outer-lr
+  double outer_momentum = 0.9;  // optim.outer-momentum
+  Compression wire = Compression::kNone;  // the parameter change's dtype on the wire
+};
+
+class LocalSync {
+ public:
+  LocalSync(Comm& comm, torch::nn::Module& module, LocalSyncOptions opts);
+
+  // After inner step `step` (1-based), on which this rank trained `samples`.
+  // At a multiple of `every`, or when `force` (the run's last step), syncs.
+  // Returns true when it synced.
+  bool after_step(int64_t step, int64_t samples, bool force);
+
+  // Runs `fn` with the parameters of the last sync in the module, then puts
+  // this rank's back: evaluation and the checkpoint's model see the synced
+  // model, the same on every rank.
+  void with_synced(const std::function<void()>& fn);
+
+  // Checkpoint state. Shared (the same on every rank): the synced
+  // parameters' outer momentum. Own: this rank's parameters and the samples
+  // it trained on since the last sync. The synced parameters themselves are
+  // the checkpoint's model.
+  NamedTensors shared_state() const;
+  NamedTensors own_state() const;
+  // From a checkpoint whose model (the synced parameters) is in the module.
+  // `by_rank`: every rank's own state, by the rank that wrote it. At the same
+  // world size each rank takes its own back; at another, the open window's
+  // changes are merged by one outer step, as a sync would have, and the
+  // returned note says so.
+  std::string load_state(const NamedTensors& shared, const std::vector<NamedTensors>& by_rank, int rank);
+
+  int64_t syncs() const { return syncs_; }
+  // Floats put on the wire per sync.
+  int64_t wire_floats() const { return anchor_.numel(); }
+
+ private:
+  torch::Tensor flat_params() const;
+  void set_params(const torch::Tensor& flat);
+  void outer_step(const torch::Tensor& mean_change);
+
+  Comm& comm_;
+  LocalSyncOptions opts_;
+  std::vector<torch::Tensor> params_;  // trainable parameters and floating buffers, in module order
+  torch::Tensor anchor_;    // the parameters at the last sync, flat
+  torch::Tensor momentum_;  // the outer Nesterov buffer, flat
+  double window_samples_ = 0;
+  torch::Tensor stash_;     // with_synced: this rank's parameters while the synced ones are in
+  int64_t syncs_ = 0;
+};
+
+}  // namespace cohort

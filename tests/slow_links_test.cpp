@@ -1,0 +1,217 @@
+// Training across slow links: PowerSGD's compressed gradient sums and local
+// steps with outer syncs (dist.sync = local), against the exact sums they
+// replace; their state across a resume.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+
+#include "cohort/distributed/comm.hpp"
+#include "cohort/distributed/grad_sync.hpp"
+#include "cohort/distributed/powersgd.hpp"
+#include "helpers.hpp"
+#include "thread_world.hpp"
+
+using namespace cohort;
+using cohort::test::run_cohort;
+using cohort::test::spawn_world;
+using cohort::test::TempDir;
+
+namespace {
+
+// Rank r's gradients: a 48 x 40 matrix, a 6 x 4 one (too small to
+// compress) and a bias; `rank1` makes the matrix rank one (an outer product,
+// as one sample's gradient of a linear layer).
+std::vector<torch::Tensor> rank_gradients(int rank, int call, bool rank1) {
+  torch::manual_seed(1000 * call + rank);
+  auto big = rank1 ? torch::outer(torch::randn({48}), torch::randn({40})) : torch::randn({48, 40});
+  return {big, torch::randn({6, 4}), torch::randn({40})};
+}
+
+const std::vector<std::string> kNames = {"big", "small", "bias"};
+
+std::vector<torch::Tensor> copies(const std::vector<torch::Tensor>& ts) {
+  std::vector<torch::Tensor> out;
+  for (const auto& t : ts) out.push_back(t.clone());
+  return out;
+}
+
+torch::Tensor remainder_of(const PowerSgdBucket& b) { return b.own_state().at(0).second.reshape({48, 40}); }
+
+// A job's per-step train losses, from metrics.jsonl.
+std::vector<double> losses_of(const std::string& run) {
+  std::vector<double> out;
+  for (const auto& line : cohort::test::lines_of(cohort::test::read_file(run + "/metrics.jsonl"))) {
+    auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "train") out.push_back(j["loss"].get<double>());
+  }
+  return out;
+}
+
+// The tensor bytes of a checkpoint's model (after the safetensors header).
+std::string model_bytes(const std::string& ckpt_dir) {
+  std::string b = cohort::test::read_file(ckpt_dir + "/model.safetensors");
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(static_cast<unsigned char>(b[i])) << (8 * i);
+  return b.substr(8 + n);
+}
+
+const std::string kSlowTiny = " --model.name mlp --model.hidden 16 --optim.schedule constant "
+                          "--log.every-steps 1 --eval.every-steps 1000000 --eval.max-samples 8 ";
+
+}  // namespace
+
+TEST(PowerSgd, CompressesOnlyMatricesItShrinks) {
+  EXPECT_TRUE(powersgd_compresses({48, 40}, 4));       // (48 + 40) * 4 * 2 = 704 < 1920
+  EXPECT_TRUE(powersgd_compresses({16, 3, 4, 4}, 2));  // a conv kernel: 16 x 48
+  EXPECT_FALSE(powersgd_compresses({6, 4}, 4));        // 80 >= 24: sent exactly
+  EXPECT_FALSE(powersgd_compresses({40}, 1));          // one-dimensional
+  EXPECT_FALSE(powersgd_compresses({48, 40}, 16));     // rank too high to gain
+}
+
+// Error feedback: what was sent plus what every rank kept is exactly the
+// sum of what the ranks put in (their gradients plus what they kept before).
+TEST(PowerSgd, SentPlusKeptIsTheGradient) {
+  const int n = 3;
+  std::vector<std::vector<torch::Tensor>> put_in(n), sent(n), kept(n);
+  std::vector<std::unique_ptr<PowerSgdBucket>> buckets(n);  // each rank's, kept from call to call
+  for (int call = 0; call < 3; ++call) {
+    spawn_world(n, [&](Comm& comm) {
+      int r = comm.rank();
+      auto& bucket = buckets[r];
+      auto g = rank_gradients(r, call, /*rank1=*/false);
+      if (call == 0) bucket = std::make_unique<PowerSgdBucket>(g, kNames, 2, 7);
+      auto before = remainder_of(*bucket);
+      put_in[r] = copies(g);
+      put_in[r][0] += before;
+      bucket->reduce(comm, g);
+      sent[r] = copies(g);
+      kept[r] = {remainder_of(*bucket)};
+    });
+    torch::Tensor total = torch::zeros({48, 40}), remainders = torch::zeros({48, 40});
+    for (int r = 0; r < n; ++r) {
+      total += put_in[r][0];
+      remainders += kept[r][0];
+    }
+    EXPECT_TRUE(torch::allclose(sent[0][0] + remainders, total, 1e-5, 1e-5)) << "call " << call;
+    EXPECT_GT((sent[0][0] - total).abs().max().item<double>(), 1e-2) << "rank 2 cannot hold a random 48 x 40 sum";
+    for (int r = 1; r < n; ++r) {
+      for (size_t k = 0; k < 3; ++k) EXPECT_TRUE(torch::equal(sent[r][k], sent[0][k])) << "rank " << r << " tensor " << k;
+    }
+    // The small matrix and the bias are summed exactly.
+    for (size_t k = 1; k < 3; ++k) {
+      torch::Tensor exact = put_in[0][k] + put_in[1][k] + put_in[2][k];
+      EXPECT_TRUE(torch::allclose(sent[0][k], exact, 1e-6, 1e-6)) << "tensor " << k;
+    }
+  }
+}
+
+// When the rank covers the summed gradient's rank, the sum is exact and
+// nothing is kept back.
+TEST(PowerSgd, RankAtLeastTheGradientsRankGivesTheExactSum) {
+  std::vector<torch::Tensor> sent(2), exact(2), kept(2);
+  spawn_world(2, [&](Comm& comm) {
+    auto g = rank_gradients(comm.rank(), 0, /*rank1=*/true);
+    PowerSgdBucket bucket(g, kNames, 2, 11);  // the sum of two rank-one matrices has rank 2
+    exact[comm.rank()] = g[0].clone();
+    bucket.reduce(comm, g);
+    sent[comm.rank()] = g[0];
+    kept[comm.rank()] = remainder_of(bucket);
+  });
+  auto sum = exact[0] + exact[1];
+  EXPECT_TRUE(torch::allclose(sent[0], sum, 1e-4, 1e-5)) << (sent[0] - sum).abs().max().item<double>();
+  EXPECT_LT((kept[0] + kept[1]).abs().max().item<double>(), 1e-4);
+}
+
+// Inside GradSync, overlapped with backward: every rank ends with the same
+// gradients, and a Q and remainders a checkpoint can carry.
+TEST(PowerSgd, GradSyncGivesEveryRankTheSameGradients) {
+  std::vector<std::vector<torch::Tensor>> grads(2);
+  std::vector<size_t> state_sizes(2);
+  spawn_world(2, [&](Comm& comm) {
+    torch::manual_seed(3);  // the same model on both ranks
+    torch::nn::Sequential net(torch::nn::Linear(32, 64), torch::nn::ReLU(), torch::nn::Linear(64, 48));
+    GradSyncOptions o;
+    o.compression = Compression::kPowerSgd;
+    o.powersgd_rank = 2;
+    o.first_bucket_bytes = 1024;
+    GradSync sync(comm, *net, o);
+    EXPECT_EQ(sync.compressed_tensors(), 2u);
+    EXPECT_LT(sync.wire_floats(), sync.exact_floats() / 4);
+    torch::manual_seed(100 + comm.rank());
+    for (int step = 0; step < 3; ++step) {
+      for (auto& p : net->parameters()) p.mutable_grad().zero_();
+      sync.prepare(true);
+      net->forward(torch::randn({8, 32})).pow(2).sum().backward();
+      sync.finalize();
+    }
+    for (auto& p : net->parameters()) grads[comm.rank()].push_back(p.grad().clone());
+    state_sizes[comm.rank()] = sync.shared_state().size() + sync.own_state().size();
+  });
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (size_t k = 0; k < grads[0].size(); ++k) EXPECT_TRUE(torch::equal(grads[0][k], grads[1][k])) << "tensor " << k;
+  EXPECT_EQ(state_sizes[0], 4u);  // a Q and a remainder per compressed matrix
+}
+
+// Local steps of one with plain SGD, outer lr 1 and no momentum average the
+// ranks' one-step parameters: exactly one step on the averaged gradient.
+TEST(LocalSync, OneStepWindowsWithPlainSgdAreExactTraining) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 40);
+  std::string common = "train" + kSlowTiny + "--model.dropout 0 --optim.name sgd --optim.momentum 0 --optim.lr 0.05 "
+                       "--data.global-batch 6 --nproc-per-node 2 --train.max-steps 12 --data.path " + tmp.path();
+  auto exact = run_cohort(common + " --out " + (tmp / "exact"));
+  ASSERT_EQ(exact.code, 0) << exact.err;
+  auto local = run_cohort(common + " --dist.sync local --dist.local-steps 1 --optim.outer-lr 1 "
+                          "--optim.outer-momentum 0 --out " + (tmp / "local"));
+  ASSERT_EQ(local.code, 0) << local.err;
+  auto a = losses_of(tmp / "exact"), b = losses_of(tmp / "local");
+  ASSERT_EQ(a.size(), 12u);
+  ASSERT_EQ(b.size(), 12u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << "step " << i + 1;
+  // With 4 steps per window the ranks drift apart in between: not the same run.
+  auto apart = run_cohort(common + " --dist.sync local --dist.local-steps 4 --optim.outer-lr 1 "
+                          "--optim.outer-momentum 0 --out " + (tmp / "apart"));
+  ASSERT_EQ(apart.code, 0) << apart.err;
+  auto c = losses_of(tmp / "apart");
+  ASSERT_EQ(c.size(), 12u);
+  EXPECT_NE(c[5], a[5]);
+  EXPECT_NE(local.out.find("sync local: an outer Nesterov step (lr 1, momentum 0) every 1 step(s)"),
+            std::string::npos) << local.out;
+}
+
+// Resuming from a checkpoint taken in the middle of a window, or with
+// PowerSGD's remainders and Qs, continues bit for bit.
+class SlowLinkResume : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(SlowLinkResume, MidWindowIsBitIdentical) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 40);
+  std::string run = tmp / "run";
+  std::string common = "train" + kSlowTiny + "--model.dropout 0.1 --data.global-batch 6 --nproc-per-node 2 --ckpt.every-steps 9 "
+                       "--ckpt.keep 5 --train.max-steps 20 " + GetParam();
+  auto full = run_cohort(common + " --data.path " + tmp.path() + " --out " + run);
+  ASSERT_EQ(full.code, 0) << full.err;
+  std::string uninterrupted = model_bytes(run + "/checkpoints/step-20");
+  auto again = run_cohort("train --resume " + run + "/checkpoints/step-9 --nproc-per-node 2 --quiet");
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_EQ(model_bytes(run + "/checkpoints/step-20"), uninterrupted);
+  // At another world size the open window is merged, and the run goes on.
+  auto other = run_cohort("train --resume " + run + "/checkpoints/step-9 --train.max-steps 12");
+  ASSERT_EQ(other.code, 0) << other.err;
+  bool local = std::string(GetParam()).find("local") != std::string::npos;
+  EXPECT_NE(other.out.find(local ? "had 6 samples in an open window; merged by one outer step"
+                                 : "error-feedback remainders of the checkpoint's 2 rank(s) are dropped"),
+            std::string::npos) << other.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, SlowLinkResume,
+                         ::testing::Values("--dist.sync local --dist.local-steps 4",
+                                           "--dist.grad-compression powersgd --dist.powersgd-rank 1"),
+                         [](const auto& info) { return info.index == 0 ? "LocalSteps" : "PowerSgd"; });
+
+TEST(LocalSync, PowerSgdWithLocalStepsIsAConfigError) {
+  auto r = run_cohort("train --model.name mlp --dist.sync local --dist.grad-compression powersgd --out /nonexistent");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("dist.grad-compression"), std::string::npos) << r.err;
+}
