@@ -21,7 +21,8 @@ where tokens are real (non-padding) tokens.
 One rank per process, started by someone else (bench/slow_link.py starts
 one in each network namespace): --rank R --ranks N --master ADDR:PORT. Then
 --hook powersgd [--powersgd-rank r] registers DDP's powerSGD_hook (from the
-first step: start_powerSGD_iter 2, the least PyTorch accepts), and
+second step: start_powerSGD_iter 2, the least PyTorch accepts; with one
+gradient bucket, the only way it runs on Gloo, see worker()), and
 --eval-every K --eval-rows E scores the first E rows of DIR/valid every K
 steps (the same sums Cohort's eval loss is: MLM loss per prediction plus NSP
 loss per sample) and prints a JSON line per evaluation:
@@ -239,7 +240,15 @@ def worker(rank, args, out):
     model.train()
     plain = model
     if args.ranks > 1:
-        model = nn.parallel.DistributedDataParallel(model)
+        if args.hook == "powersgd":
+            # On Gloo, powerSGD_hook with several buckets issues the P and Q
+            # all-reduces of different buckets from different threads, in an
+            # order that differs between ranks ("collective mismatch"): one
+            # bucket for everything (no overlap with backward) is what runs.
+            dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 31
+            model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=2048)
+        else:
+            model = nn.parallel.DistributedDataParallel(model)
         if args.hook == "powersgd":
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
             state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=args.powersgd_rank,

@@ -262,7 +262,7 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("dist.powersgd-rank", c.dist.powersgd_rank, "powersgd: rank of each gradient matrix's approximation");
   bind("dist.sync", c.dist.sync, "step: gradients summed exactly every step (the loss per step does not depend on "
        "the world size); local: each rank steps alone for dist.local-steps, then the ranks average the parameter "
-       "change and apply an outer Nesterov step (DiLoCo: far less traffic, for slow links)");
+       "change and apply an outer Nesterov step (DiLoCo: far less traffic, for slow links)", fixed);
   bind("dist.local-steps", c.dist.local_steps, "dist.sync = local: inner optimizer steps between syncs");
   bind("dist.backend", c.dist.backend, "collectives on CUDA tensors: auto = nccl when built with it, else gloo; "
        "gloo also runs several ranks on one GPU. CPU tensors always use gloo");

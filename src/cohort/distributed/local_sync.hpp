@@ -21,14 +21,16 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "cohort/ckpt/safetensors.hpp"
 #include "cohort/config/choice.hpp"
 
 namespace cohort {
 
 class Comm;
+// Named tensors, as ckpt/safetensors.hpp declares them (a layer above).
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 struct LocalSyncOptions {
   int64_t every = 8;          // dist.local-steps

@@ -19,13 +19,15 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "cohort/ckpt/safetensors.hpp"
 
 namespace cohort {
 
 class Comm;
+// Named tensors, as ckpt/safetensors.hpp declares them (a layer above).
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 // Whether a tensor of this shape is sent as a rank-r product.
 bool powersgd_compresses(c10::IntArrayRef shape, int64_t rank);
