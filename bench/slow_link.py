@@ -13,7 +13,8 @@ batch, constant learning rate, AdamW, clipping, bf16 autocast) with:
   exact        Cohort, dist.sync = step (the default)
   bf16         Cohort, gradients in bf16 on the wire
   powersgd     Cohort, dist.grad-compression = powersgd at --rank
-  local-H      Cohort, dist.sync = local with H inner steps per sync (8, 32)
+  local-H      Cohort, dist.sync = local with H inner steps per sync (8, 32);
+               local-H-LR-M sets the outer step's lr and momentum
   ddp          PyTorch DistributedDataParallel (bench/peers/bert_pretrain.py,
                the same network written out in PyTorch, MLM at the masked
                positions as Cohort computes it)
@@ -183,9 +184,34 @@ def cohort_cmd(args, method, hosts, i, out, steps):
         cmd += ["--dist.grad-compression", "bf16"]
     elif method == "powersgd":
         cmd += ["--dist.grad-compression", "powersgd", "--dist.powersgd-rank", str(args.rank)]
-    elif method.startswith("local-"):
-        cmd += ["--dist.sync", "local", "--dist.local-steps", method.split("-")[1]]
+    elif method.startswith("local-"):  # local-H, or local-H-LR-MOMENTUM for the outer step
+        parts = method.split("-")
+        cmd += ["--dist.sync", "local", "--dist.local-steps", parts[1]]
+        if len(parts) == 4:
+            cmd += ["--optim.outer-lr", parts[2], "--optim.outer-momentum", parts[3]]
     return cmd
+
+
+def dealt_ids(args, n, work):
+    """Cohort's dealing of the global order to n ranks for 2 N steps, from a
+    run of a tiny model with log.sample-ids (the order does not depend on
+    the model): the DDP peer reads the same rows at every step."""
+    out = os.path.join(work, "ids")
+    steps = 2 * args.target_step
+    subprocess.run([os.path.join(args.build, "cohort"), "train", "--train.task", "bert-pretrain", "--model.name",
+                    "bert", "--model.hidden", "16", "--model.layers", "1", "--model.heads", "1",
+                    "--model.intermediate", "16", "--model.max-positions", "512", "--data.path", args.data,
+                    "--data.global-batch", str(args.batch), "--train.max-steps", str(steps), "--log.sample-ids",
+                    "--eval.max-samples", "64", "--nproc-per-node", str(n), "--oversubscribe", "--quiet",
+                    "--out", out, "--overwrite"], check=True)
+    per_step = [[None] * n for _ in range(steps)]
+    for r in range(n):
+        for line in open(os.path.join(out, "sample-ids", "rank-%d.jsonl" % r)):
+            j = json.loads(line)
+            per_step[j["step"] - 1][r] = j["ids"]
+    path = os.path.join(work, "ids.json")
+    json.dump({"steps": per_step}, open(path, "w"))
+    return path
 
 
 def peer_cmd(args, method, hosts, i, steps):
@@ -196,7 +222,7 @@ def peer_cmd(args, method, hosts, i, steps):
             "--precision", "bf16", "--data", args.data, "--lr", str(COMMON["lr"]), "--rank", str(i), "--ranks",
             str(hosts.n), "--master", "%s:29651" % hosts.address(0), "--eval-every", str(args.eval_every),
             "--eval-rows", str(args.eval_rows), "--hook", "powersgd" if method == "ddp-powersgd" else "none",
-            "--powersgd-rank", str(args.rank)]
+            "--powersgd-rank", str(args.rank), "--ids", args.ids]
 
 
 def cohort_curve(run_dir):
@@ -296,6 +322,7 @@ def main():
             hosts = Hosts(n, link)
             work = os.path.join(args.work, "%dhosts-%s" % (n, link))
             os.makedirs(work, exist_ok=True)
+            args.ids = dealt_ids(args, n, work)
             try:
                 results = []
                 for m in methods:

@@ -163,6 +163,41 @@ TEST(Elastic, HostKilledMidEpochTheOthersFinishFromMemory) {
   }
 }
 
+// dist.sync = local: host 2 is killed mid-window. The survivors go on from
+// the last sync (its model, step, cursor and outer momentum, the same on
+// each) and train the steps since again: every step once in the log, every
+// sample once per epoch.
+TEST(Elastic, LocalStepsGoOnFromTheLastSync) {
+  NetnsHosts net(3, 236);
+  if (!net.ok()) GTEST_SKIP() << "SKIPPED: network namespaces need root and iproute2";
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 240);
+  std::string args = elastic_args(tmp, net.address(0), 29645, 3) + " --dist.sync local --dist.local-steps 4";
+  args.replace(args.find(" --quiet"), 8, "");
+  Background h0(launcher(net, 0, args), tmp, "h0"), h1(launcher(net, 1, args), tmp, "h1"),
+      h2(launcher(net, 2, args), tmp, "h2");
+  const std::string metrics = tmp / "run/metrics.jsonl";
+  ASSERT_TRUE(wait_until([&] { return reached_step(metrics, 10); }, 90s)) << h0.err() << h2.err();
+  kill(h2.pid(), SIGKILL);
+  h2.wait(10s);
+  ASSERT_EQ(h0.wait(120s), 0) << h0.err();
+  ASSERT_EQ(h1.wait(30s), 0) << h1.err();
+
+  auto changes = lines_of_kind(metrics, "membership");
+  ASSERT_EQ(changes.size(), 1u) << read_file(metrics);
+  EXPECT_EQ(changes[0]["state"], "memory");
+  const int64_t resumed = changes[0]["step"];
+  EXPECT_EQ(resumed % 4, 0) << "the new world starts at a sync: " << changes[0].dump();
+  std::string note = cohort::strf("going on from the last sync, step %lld", static_cast<long long>(resumed));
+  bool at_a_sync = h0.out().find("going on from the last sync") == std::string::npos;
+  EXPECT_TRUE(at_a_sync || h0.out().find(note) != std::string::npos) << h0.out();
+
+  std::set<int64_t> steps;
+  for (const auto& j : lines_of_kind(metrics, "train")) EXPECT_TRUE(steps.insert(j["step"].get<int64_t>()).second);
+  EXPECT_EQ(steps.size(), 60u);
+  expect_every_sample_once(tmp / "run", 240, 3);
+}
+
 // A host lost mid-run joins again: the world shrinks to two and grows back
 // to three, and no sample is lost or repeated.
 TEST(Elastic, HostJoinsMidRunAndTheWorldGrowsBack) {

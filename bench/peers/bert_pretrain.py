@@ -10,7 +10,8 @@ running the decoder only at the masked positions, as Cohort does (--mlm all:
 every position, like HF).
 
 Batches: --data DIR reads rows of DIR/train/*.hdf5 (shards from `cohort
-prepare`, NVIDIA's layout) in order, rank r of R taking rows r*B.. of each
+prepare`, NVIDIA's layout) as --ids deals them (Cohort's global order,
+from a run's log.sample-ids), or else in order, rank r of R taking rows r*B.. of each
 block of R*B, trimmed to the longest row exactly as Cohort's reader trims,
 so bench/bert_vs_pytorch.py --data gives both sides the same batches.
 Without --data, batches are synthetic: every row full length with P
@@ -152,12 +153,17 @@ def shard_batches(args, rank):
     sizes = [f["input_ids"].shape[0] for f in files]
     starts = np.cumsum([0] + sizes)
     total, b = int(starts[-1]), args.batch
+    dealt = json.load(open(args.ids))["steps"] if args.ids else None
     block = 0
     while True:
-        first = (block * args.ranks * b + rank * b) % (total - b)
+        if dealt:  # this rank's ids of the step, as Cohort dealt them
+            ids = dealt[block % len(dealt)][rank]
+        else:
+            first = (block * args.ranks * b + rank * b) % (total - b)
+            ids = range(first, first + b)
         block += 1
         rows = {k: [] for k in keys}
-        for g in range(first, first + b):
+        for g in ids:
             s = int(np.searchsorted(starts, g, side="right") - 1)
             for k in keys:
                 rows[k].append(np.asarray(files[s][k][g - starts[s]], dtype=np.int64))
@@ -318,6 +324,8 @@ def main():
     ap.add_argument("--powersgd-rank", type=int, default=4)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--eval-every", type=int, default=0, help="score DIR/valid every K steps (rank 0)")
+    ap.add_argument("--ids", default="", help='JSON {"steps": [[rank 0 ids, rank 1 ids, ...], ...]}: the rows '
+                    "each rank reads at each step (Cohort's dealing, from log.sample-ids)")
     ap.add_argument("--eval-rows", type=int, default=512)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="one rank only on cuda")
     args = ap.parse_args()

@@ -94,6 +94,18 @@ void LocalSync::with_synced(const std::function<void()>& fn) {
   stash_ = torch::Tensor();
 }
 
+void LocalSync::restart(const torch::Tensor& momentum) {
+  anchor_ = flat_params();
+  momentum_ = torch::zeros_like(anchor_);
+  if (momentum.defined()) {
+    COHORT_CHECK(momentum.numel() == anchor_.numel(), Error, "local sync: the handed-over outer momentum holds ",
+                 momentum.numel(), " values, the model ", anchor_.numel());
+    momentum_.copy_(momentum.reshape({-1}));
+  }
+  window_samples_ = 0;
+  stash_ = torch::Tensor();
+}
+
 NamedTensors LocalSync::shared_state() const { return {{kMomentum, momentum_}}; }
 
 NamedTensors LocalSync::own_state() const {

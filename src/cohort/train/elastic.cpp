@@ -129,7 +129,7 @@ std::shared_ptr<Handover> capture_handover(torch::nn::Module& module, torch::opt
 }
 
 bool adopt_handover(Comm& comm, const Handover* held, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                    TrainState& state) {
+                    ReplicaSync& replicas, TrainState& state, std::vector<std::string>& notes) {
   const bool main_holds = comm.world().is_main() && held;
   if (comm.all_reduce_sum(std::vector<double>{main_holds ? 1.0 : 0.0}, "state handover")[0] == 0) return false;
   torch::NoGradGuard no_grad;
@@ -150,6 +150,9 @@ bool adopt_handover(Comm& comm, const Handover* held, torch::nn::Module& module,
   std::istringstream opt_in(got.optimizer);
   torch::load(optimizer, opt_in);
   if (got.scaler.defined()) state.scaler.restore(got.scaler);
+  for (const std::string& note : {replicas.start_new_world(got.outer_momentum), held ? held->note : std::string()}) {
+    if (!note.empty()) notes.push_back(note);
+  }
   state.step = got.state.step;
   state.cursor = got.state.cursor;
   state.samples_seen = got.state.samples_seen;
@@ -159,9 +162,25 @@ bool adopt_handover(Comm& comm, const Handover* held, torch::nn::Module& module,
   return true;
 }
 
+void rewind_to_sync(Handover& h, const SyncMark& mark, int64_t reached, const torch::Tensor& outer_momentum) {
+  h.state.step = mark.step;
+  h.state.cursor = mark.cursor;
+  h.state.samples_seen = mark.samples_seen;
+  h.rng = mark.rng.clone();
+  h.step_cursor = mark.step_cursor;
+  h.train_line = mark.line;
+  h.interval = mark.interval;
+  h.outer_momentum = outer_momentum;
+  if (reached == mark.step) return;
+  h.note = strf("local sync: the world changed at step %lld; going on from the last sync, step %lld (steps "
+                "%lld..%lld are trained again, with rank 0's inner optimizer state)",
+                static_cast<long long>(reached), static_cast<long long>(mark.step),
+                static_cast<long long>(mark.step + 1), static_cast<long long>(reached));
+}
+
 std::string complete_sample_ids(const std::string& run_dir, const Handover& held, int64_t step,
                                 const GlobalOrder& order, int rank) {
-  if (held.state.step != step || step == 0) return "";
+  if (held.state.step != step || step == 0 || held.step_cursor.consumed < 0) return "";
   const Cursor c = held.step_cursor;
   auto perm = order.permutation(c.epoch);
   std::vector<int64_t> ids(perm->begin() + c.consumed, perm->begin() + c.consumed + order.batch_size_at(c));

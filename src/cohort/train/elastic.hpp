@@ -32,6 +32,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "cohort/config/config.hpp"
+#include "cohort/train/replica_sync.hpp"
 #include "cohort/train/run.hpp"
 #include "cohort/train/train_state.hpp"
 
@@ -60,9 +61,29 @@ std::shared_ptr<Handover> capture_handover(torch::nn::Module& module, torch::opt
 // by broadcast; returns false (nothing changed) when it holds none. Every
 // survivor keeps its own RNG stream, newcomers their seed-derived ones, and
 // data.balance = auto measures the new world afresh (the old split was per
-// rank of the old world: the shares are cleared).
+// rank of the old world: the shares are cleared). `replicas` starts the new
+// world (PowerSGD afresh; local sync from the handed-over outer momentum);
+// what the log should say is appended to `notes`.
 bool adopt_handover(Comm& comm, const Handover* held, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                    TrainState& state);
+                    ReplicaSync& replicas, TrainState& state, std::vector<std::string>& notes);
+
+// dist.sync = local: the state at the last sync, the same on every rank,
+// which a new world goes on from (the ranks' open windows are lost with a
+// member: the steps since are trained again).
+struct SyncMark {
+  int64_t step = 0;
+  Cursor cursor;       // where the step after it starts
+  Cursor step_cursor;  // where its global batch started; consumed -1: unknown
+  int64_t samples_seen = 0;
+  torch::Tensor rng;   // this process's generator after it
+  Tally interval;      // the open log interval's metrics after it
+  std::optional<TrainReport> line;  // its train line, when one was written
+};
+
+// Turns `h`, captured with the last sync's model in the module, into the
+// handover of `mark`, with the outer momentum; `reached` is the step the
+// world had reached (the note says which steps are trained again).
+void rewind_to_sync(Handover& h, const SyncMark& mark, int64_t reached, const torch::Tensor& outer_momentum);
 
 // Rank 0 of a world that goes on from memory (log.sample-ids): the step
 // held was applied by every member of the last world, but a member lost

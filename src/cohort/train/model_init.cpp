@@ -8,6 +8,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/core/format.hpp"
 #include "cohort/distributed/world.hpp"
+#include "cohort/train/replica_sync.hpp"
 #include "cohort/train/task.hpp"
 #include "cohort/train/train_state.hpp"
 
@@ -37,8 +38,10 @@ std::vector<std::string> load_init_weights(Task& task, const std::string& init) 
   return notes;
 }
 
-std::string restore_checkpoint(const ResolvedCheckpoint& from, Task& task, torch::optim::Optimizer& optimizer,
-                               TrainState& state, const World& world, const std::string& data_path, int64_t usable) {
+std::vector<std::string> restore_checkpoint(const ResolvedCheckpoint& from, Task& task,
+                                            torch::optim::Optimizer& optimizer, ReplicaSync& replicas,
+                                            TrainState& state, const World& world, const std::string& data_path,
+                                            int64_t usable) {
   namespace fs = std::filesystem;
   load_model_weights(*task.module(), (fs::path(from.dir) / "model.safetensors").string());
   torch::load(optimizer, (fs::path(from.dir) / "optimizer.pt").string());
@@ -49,9 +52,13 @@ std::string restore_checkpoint(const ResolvedCheckpoint& from, Task& task, torch
                task.train_set().size(), ": is this the same dataset?");
   COHORT_CHECK(state.cursor.consumed < usable, DataError, from.dir, ": cursor ", state.cursor.consumed,
                " is outside the epoch's ", usable, " samples: is this the same dataset?");
-  return strf("resumed from %s: step %lld, epoch %lld, %lld samples into the epoch (written by %d rank(s), now %d)",
-              from.dir.c_str(), static_cast<long long>(state.step), static_cast<long long>(state.cursor.epoch),
-              static_cast<long long>(state.cursor.consumed), from.state.world_size, world.world_size);
+  std::vector<std::string> notes = {
+      strf("resumed from %s: step %lld, epoch %lld, %lld samples into the epoch (written by %d rank(s), now %d)",
+           from.dir.c_str(), static_cast<long long>(state.step), static_cast<long long>(state.cursor.epoch),
+           static_cast<long long>(state.cursor.consumed), from.state.world_size, world.world_size)};
+  SavedSync saved = read_sync_state(from);
+  for (auto& note : replicas.restore(saved.shared, saved.by_rank)) notes.push_back(note);
+  return notes;
 }
 
 }  // namespace cohort

@@ -9,6 +9,7 @@
 
 namespace cohort {
 
+class ReplicaSync;
 class Task;
 struct ResolvedCheckpoint;
 struct TrainState;
@@ -27,10 +28,13 @@ namespace cohort {
 std::vector<std::string> load_init_weights(Task& task, const std::string& init);
 
 // A verified checkpoint's weights into the task's model, its optimizer state
-// into `optimizer` and its train state into `state`. DataError when the
-// data are not the checkpoint's: another sample count in `data_path`, or a
-// cursor beyond the epoch's `usable` samples. Returns the log's note.
-std::string restore_checkpoint(const ResolvedCheckpoint& from, Task& task, torch::optim::Optimizer& optimizer,
-                               TrainState& state, const World& world, const std::string& data_path, int64_t usable);
+// into `optimizer`, its train state into `state` and its sync state
+// (PowerSGD's, local sync's) into `replicas`. DataError when the data are
+// not the checkpoint's: another sample count in `data_path`, or a cursor
+// beyond the epoch's `usable` samples. Returns the log's notes.
+std::vector<std::string> restore_checkpoint(const ResolvedCheckpoint& from, Task& task,
+                                            torch::optim::Optimizer& optimizer, ReplicaSync& replicas,
+                                            TrainState& state, const World& world, const std::string& data_path,
+                                            int64_t usable);
 
 }  // namespace cohort

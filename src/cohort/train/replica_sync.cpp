@@ -109,10 +109,21 @@ std::vector<std::string> ReplicaSync::restore(const NamedTensors& shared, const 
   return notes;
 }
 
-std::string ReplicaSync::reset_for_new_world() {
+std::string ReplicaSync::start_new_world(const torch::Tensor& outer_momentum) {
+  if (local_sync_) {
+    local_sync_->restart(outer_momentum);
+    return "";
+  }
   if (!grad_sync_ || compression_ != Compression::kPowerSgd) return "";
   grad_sync_->reset_state();
   return "powersgd: a new world starts with fresh Qs and no error-feedback remainders (the old world's are per rank)";
+}
+
+bool ReplicaSync::window_open() const { return local_sync_ && local_sync_->window_open(); }
+
+torch::Tensor ReplicaSync::outer_momentum() const {
+  if (!local_sync_) return torch::Tensor();
+  return find(local_sync_->shared_state(), "local.momentum").clone();
 }
 
 std::string ReplicaSync::describe() const {

@@ -50,8 +50,15 @@ class ReplicaSync {
   // From a checkpoint's shared tensors and every writing rank's own, by rank.
   // Returns notes for the log (a reset, a merge).
   std::vector<std::string> restore(const NamedTensors& shared, const std::vector<NamedTensors>& by_rank);
-  // A new elastic world: PowerSGD's remainders belong to the old one.
-  std::string reset_for_new_world();
+  // A new elastic world, after the handover: PowerSGD's remainders belong
+  // to the old one; local sync starts a window from the handed-over model
+  // and outer momentum. Returns a note for the log, or "".
+  std::string start_new_world(const torch::Tensor& outer_momentum);
+  // dist.sync = local, and whether this rank's window is open.
+  bool local() const { return local_sync_ != nullptr; }
+  bool window_open() const;
+  // local: the outer momentum (the elastic handover carries it).
+  torch::Tensor outer_momentum() const;
   // The start-up line: mode, compression, what goes on the wire.
   std::string describe() const;
 

@@ -84,6 +84,7 @@ std::string encode_handover(const Handover& h) {
   a.write("optimizer", torch::from_blob(const_cast<char*>(h.optimizer.data()),
                                         {static_cast<int64_t>(h.optimizer.size())}, torch::kUInt8));
   if (h.scaler.defined()) a.write("scaler", h.scaler);
+  if (h.outer_momentum.defined()) a.write("outer_momentum", h.outer_momentum);
   std::ostringstream os;
   a.save_to(os);
   return os.str();
@@ -100,6 +101,7 @@ Handover decode_handover(const std::string& blob) {
                "state handover: unreadable state record (", fields.numel(), " fields)");
   h.optimizer.assign(static_cast<const char*>(opt.data_ptr()), static_cast<size_t>(opt.numel()));
   a.try_read("scaler", h.scaler);
+  a.try_read("outer_momentum", h.outer_momentum);
   auto f = fields.data_ptr<int64_t>();
   h.state.step = f[0];
   h.state.cursor = {f[1], f[2]};

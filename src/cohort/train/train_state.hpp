@@ -61,10 +61,15 @@ struct Handover {
   NamedTensors model;     // parameters and buffers, cloned
   std::string optimizer;  // the optimizer's libtorch archive
   torch::Tensor scaler;   // the fp16 loss scaler's state; undefined when off
+  // dist.sync = local: the outer Nesterov buffer, and the state above is
+  // that of the last sync (the model its parameters): the new world trains
+  // the steps since again. Undefined otherwise.
+  torch::Tensor outer_momentum;
+  std::string note;  // what the next world logs about this handover; "" when nothing
   torch::Tensor rng;      // this process's CPU generator at the last step boundary
   // The record of the last step, so that the next world logs it when the
   // world that took it could not (a member lost after its update).
-  Cursor step_cursor;                    // where the last step's global batch started
+  Cursor step_cursor;                    // where the last step's global batch started; consumed -1: unknown
   std::optional<TrainReport> train_line;  // the last step's train line, when one was due
   Tally interval;                        // the open log interval's metrics, summed over ranks
   // Where this process's first world began: the run's summary counts every world.
@@ -73,8 +78,8 @@ struct Handover {
 };
 
 // What a new world's rank 0 sends the others of a Handover, as one blob:
-// the step, cursor, samples and world size, the optimizer's archive and the
-// loss scale (the weights go by a module broadcast). decode_handover fills
+// the step, cursor, samples and world size, the optimizer's archive, the
+// loss scale and the outer momentum (the weights go by a module broadcast). decode_handover fills
 // those fields of a Handover and leaves the rest empty.
 std::string encode_handover(const Handover& h);
 Handover decode_handover(const std::string& blob);

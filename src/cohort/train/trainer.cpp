@@ -70,6 +70,8 @@ struct Trainer::Parts {
   Cursor step_cursor;           // where the last step's global batch started (elastic handover)
   std::optional<TrainReport> last_line;  // the last train line built, written or not (elastic handover)
   bool joiners_agreed = false;  // elastic: the last stop check found newcomers waiting
+  std::optional<SyncMark> sync_mark;  // dist.sync = local: the last sync (elastic handover)
+  void mark_sync();
 
   const Handover* held() const { return run.peers() ? run.peers()->held.get() : nullptr; }
   std::shared_ptr<const Handover> handover() const;
@@ -111,22 +113,20 @@ Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
   for (auto& note : plan.notes) run.notes.push_back(note);
   optimizer = make_optimizer(cfg.optim, *task->module());
   schedule = LrSchedule::from(cfg.optim, total_steps);
-  COHORT_CHECK(!(comm.elastic() && cfg.dist.sync == SyncMode::kLocal), UsageError,
-               "dist.sync = local does not run in an elastic world yet (a lost rank's open window would be lost): "
-               "use dist.sync = step, or a fixed world");
   replicas = std::make_unique<ReplicaSync>(comm, *task->module(), *optimizer, cfg);
   if (const ResolvedCheckpoint* from = run.checkpoint()) {
-    run.notes.push_back(
-        restore_checkpoint(*from, *task, *optimizer, state, world, cfg.data.path, order->usable()));
-    SavedSync saved = read_sync_state(*from);
-    for (auto& note : replicas->restore(saved.shared, saved.by_rank)) run.notes.push_back(note);
-  } else if (comm.elastic() && adopt_handover(comm, held(), *task->module(), *optimizer, state)) {
+    for (auto& note : restore_checkpoint(*from, *task, *optimizer, *replicas, state, world, cfg.data.path,
+                                         order->usable())) {
+      run.notes.push_back(note);
+    }
+  } else if (comm.elastic() &&
+             adopt_handover(comm, held(), *task->module(), *optimizer, *replicas, state, run.notes)) {
     COHORT_CHECK(state.cursor.consumed < order->usable(), Error, "state handover: cursor ", state.cursor.consumed,
                  " is outside the epoch's ", order->usable(), " samples");
-    std::string note = replicas->reset_for_new_world();
-    if (!note.empty()) run.notes.push_back(note);
+    if (held()) step_cursor = held()->step_cursor;
   }
-  keeper = std::make_unique<Keeper>(comm, *task, *optimizer, *replicas, state, run.out_dir, cfg.ckpt.keep, run.config_toml,
+  keeper = std::make_unique<Keeper>(comm, *task, *optimizer, *replicas, state, run.out_dir, cfg.ckpt.keep,
+                                    run.config_toml,
                                     BestMetric(cfg.ckpt.best_metric, cfg.train.early_stop_patience,
                                                task->report(task->empty_tally()), cfg.train.task));
   balancer = std::make_unique<Balancer>(balancer_options(cfg, world.world_size, state.balance_shares));
@@ -139,9 +139,21 @@ Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
   open_outputs();
 }
 
-// Elastic: this process's state at the last completed step, and the step's records.
+// Elastic: this process's state at the last completed step, and the step's
+// records; dist.sync = local: at the last sync.
 std::shared_ptr<const Handover> Trainer::Parts::handover() const {
-  auto h = capture_handover(*task->module(), *optimizer, state, world.world_size, task->train_set().size());
+  std::shared_ptr<Handover> h;
+  auto capture = [&] {
+    h = capture_handover(*task->module(), *optimizer, state, world.world_size, task->train_set().size());
+  };
+  if (sync_mark) {
+    replicas->with_synced(capture);
+    rewind_to_sync(*h, *sync_mark, state.step, replicas->outer_momentum());
+    h->first_step = log->start_step();
+    h->started = log->start();
+    return h;
+  }
+  capture();
   h->rng = rng_mark.defined() ? rng_mark.clone() : cpu_rng_state();
   h->step_cursor = step_cursor;
   // The step's line: built already (its collectives may have failed, or
@@ -152,7 +164,18 @@ std::shared_ptr<const Handover> Trainer::Parts::handover() const {
   h->interval = log->interval().tally;
   h->first_step = log->start_step();
   h->started = log->start();
+  if (replicas->local()) {  // resumed mid-window, no sync since
+    h->outer_momentum = replicas->outer_momentum();
+    h->note = "local sync: no sync since this world began: the new world goes on from rank 0's parameters (the "
+              "other ranks' open windows are lost)";
+  }
   return h;
+}
+
+// dist.sync = local: every rank holds the same parameters now.
+void Trainer::Parts::mark_sync() {
+  sync_mark = SyncMark{state.step, state.cursor, step_cursor, state.samples_seen,
+                       rng_mark.defined() ? rng_mark.clone() : cpu_rng_state(), log->interval().tally, std::nullopt};
 }
 
 // Elastic: newcomers that the last stop check found waiting are admitted
@@ -202,6 +225,10 @@ void Trainer::Parts::begin() {
   if (held()) log->begin(held()->first_step, held()->started);  // the summary and ETA count every world of this process
   else log->begin(state.step, log->interval().start);
   rng_mark = cpu_rng_state();
+  if (replicas->local() && !replicas->window_open()) {
+    if (!held() && state.step > 0) step_cursor.consumed = -1;  // a checkpoint does not say where its step began
+    mark_sync();
+  }
   speed_balance = std::make_unique<SpeedBalance>(*balancer, *loader, world.rank, world.world_size,
                                                  cfg.data.balance_every, world_start_step);
 }
@@ -232,10 +259,11 @@ void Trainer::Parts::finish_step(const StepBatch& batch, const StepResult& resul
   summary.step_losses.push_back(result.loss);
   state.samples_seen += batch.global_samples;
   ++state.step;
-  replicas->after_step(state.step, result.samples, state.step == total_steps);
+  bool synced = replicas->after_step(state.step, result.samples, state.step == total_steps);
   state.cursor = batch.next;
   step_cursor = batch.cursor;
   rng_mark = cpu_rng_state();
+  if (synced) mark_sync();
   if (run.at) run.at(StepPoint::kApplied, state.step);
   report_world_change(run.membership, *reporter);
   if (sample_log.is_open()) {
@@ -261,6 +289,7 @@ void Trainer::Parts::rebalance(const StepResult& result) {
 void Trainer::Parts::log_train(int64_t epoch) {
   TrainReport r = log->line(state, epoch);
   last_line = r;
+  if (sync_mark && sync_mark->step == state.step) sync_mark->line = r;  // the sync's step has its line
   comm.agree({state.step, state.cursor.epoch, state.cursor.consumed}, {"step", "epoch", "cursor"}, "the step check");
   report_phases(comm, log->interval().phases, r);
   if (run.at) run.at(StepPoint::kLine, state.step);
