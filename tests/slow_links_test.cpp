@@ -206,7 +206,7 @@ TEST_P(SlowLinkResume, MidWindowIsBitIdentical) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, SlowLinkResume,
-                         ::testing::Values("--dist.sync local --dist.local-steps 4",
+                         ::testing::Values("--dist.sync local --dist.local-steps 4 --optim.outer-momentum 0.5",
                                            "--dist.grad-compression powersgd --dist.powersgd-rank 1"),
                          [](const auto& info) { return info.index == 0 ? "LocalSteps" : "PowerSgd"; });
 
@@ -214,4 +214,28 @@ TEST(LocalSync, PowerSgdWithLocalStepsIsAConfigError) {
   auto r = run_cohort("train --model.name mlp --dist.sync local --dist.grad-compression powersgd --out /nonexistent");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("dist.grad-compression"), std::string::npos) << r.err;
+}
+
+// PowerSGD approximates the summed gradient, and the remainders' sum is
+// what every next step adds: all of it is linear in the sum, so from two
+// ranks on the loss per step does not depend on how many ranks share the
+// batch (up to rounding). One rank has nothing to compress.
+TEST(PowerSgd, LossDoesNotDependOnTheWorldSizeFromTwoRanks) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 60);
+  std::string common = "train" + kSlowTiny + "--model.dropout 0 --data.global-batch 12 --train.max-steps 15 "
+                       "--dist.grad-compression powersgd --dist.powersgd-rank 1 --oversubscribe --data.path " +
+                       tmp.path();
+  auto two = run_cohort(common + " --nproc-per-node 2 --out " + (tmp / "two"));
+  ASSERT_EQ(two.code, 0) << two.err;
+  auto three = run_cohort(common + " --nproc-per-node 3 --out " + (tmp / "three"));
+  ASSERT_EQ(three.code, 0) << three.err;
+  auto exact = run_cohort("train" + kSlowTiny + "--model.dropout 0 --data.global-batch 12 --train.max-steps 15 "
+                          "--nproc-per-node 2 --data.path " + tmp.path() + " --out " + (tmp / "exact"));
+  ASSERT_EQ(exact.code, 0) << exact.err;
+  auto a = losses_of(tmp / "two"), b = losses_of(tmp / "three"), e = losses_of(tmp / "exact");
+  ASSERT_EQ(a.size(), 15u);
+  ASSERT_EQ(b.size(), 15u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << "step " << i + 1;
+  EXPECT_GT(std::abs(a[14] - e[14]), 1e-6) << "rank 1 of a 16 x 64 gradient is not the exact sum";
 }

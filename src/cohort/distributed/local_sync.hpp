@@ -34,8 +34,8 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 struct LocalSyncOptions {
   int64_t every = 8;          // dist.local-steps
-  double outer_lr = 0.7;      // optim.outer-lr
-  double outer_momentum = 0.9;  // optim.outer-momentum
+  double outer_lr = 1.0;        // optim.outer-lr
+  double outer_momentum = 0.0;  // optim.outer-momentum
   Compression wire = Compression::kNone;  // the parameter change's dtype on the wire
 };
 
