@@ -216,7 +216,8 @@ def dealt_ids(args, n, work):
 
 def peer_cmd(args, method, hosts, i, steps):
     # Gloo would pick the address the hostname resolves to (loopback here).
-    return ["env", "GLOO_SOCKET_IFNAME=" + hosts.dev(i), PYTHON, os.path.join(ROOT, "bench", "peers", "bert_pretrain.py"), "--model", "mirror", "--mlm", "masked",
+    return ["env", "GLOO_SOCKET_IFNAME=" + hosts.dev(i), PYTHON,
+            os.path.join(ROOT, "bench", "peers", "bert_pretrain.py"), "--model", "mirror", "--mlm", "masked",
             "--vocab", "8192", "--hidden", str(COMMON["hidden"]), "--layers", str(COMMON["layers"]), "--heads",
             str(COMMON["heads"]), "--batch", str(args.batch // hosts.n), "--steps", str(steps), "--threads", "1",
             "--precision", "bf16", "--data", args.data, "--lr", str(COMMON["lr"]), "--rank", str(i), "--ranks",
@@ -319,11 +320,13 @@ def main():
           "eval loss at step %d" % (COMMON["hidden"], COMMON["layers"], args.batch, args.eval_every, args.eval_rows,
                                     args.target_step), flush=True)
     for n in map(int, args.hosts.split(",")):
+        dealt = os.path.join(args.work, "%dhosts" % n)
+        os.makedirs(dealt, exist_ok=True)
+        args.ids = dealt_ids(args, n, dealt)  # the same on every link
         for link in args.links.split(","):
-            hosts = Hosts(n, link)
             work = os.path.join(args.work, "%dhosts-%s" % (n, link))
             os.makedirs(work, exist_ok=True)
-            args.ids = dealt_ids(args, n, work)
+            hosts = Hosts(n, link)
             try:
                 results = []
                 for m in methods:

@@ -83,6 +83,20 @@ std::string launcher(const NetnsHosts& net, int host, const std::string& args) {
                           std::to_string(host));
 }
 
+// Three hosts train the run of `args`; host 2's launcher is killed once
+// step 10 is logged, and the other two must finish. `out0`: host 0's output.
+void lose_host_two(const NetnsHosts& net, const TempDir& tmp, const std::string& args, std::string* out0 = nullptr) {
+  Background h0(launcher(net, 0, args), tmp, "h0"), h1(launcher(net, 1, args), tmp, "h1"),
+      h2(launcher(net, 2, args), tmp, "h2");
+  const std::string metrics = tmp / "run/metrics.jsonl";
+  ASSERT_TRUE(wait_until([&] { return reached_step(metrics, 10); }, 90s)) << h0.err() << h2.err();
+  kill(h2.pid(), SIGKILL);
+  h2.wait(10s);
+  ASSERT_EQ(h0.wait(120s), 0) << h0.err();
+  ASSERT_EQ(h1.wait(30s), 0) << h1.err();
+  if (out0) *out0 = h0.out();
+}
+
 // A launcher on loopback as node `node`, its rank 0 of every world slowed.
 std::unique_ptr<Background> loopback_node(const TempDir& tmp, const std::string& args, int node) {
   return std::make_unique<Background>(std::string("env COHORT_DEBUG_DELAY=0:60 ") + COHORT_BIN + args +
@@ -117,14 +131,8 @@ TEST(Elastic, HostKilledMidEpochTheOthersFinishFromMemory) {
   TempDir tmp;
   cohort::test::write_tiny_dataset(tmp, 240);
   const std::string args = elastic_args(tmp, net.address(0), 29641, 4);
-  Background h0(launcher(net, 0, args), tmp, "h0"), h1(launcher(net, 1, args), tmp, "h1"),
-      h2(launcher(net, 2, args), tmp, "h2");
+  ASSERT_NO_FATAL_FAILURE(lose_host_two(net, tmp, args));
   const std::string metrics = tmp / "run/metrics.jsonl";
-  ASSERT_TRUE(wait_until([&] { return reached_step(metrics, 10); }, 90s)) << h0.err() << h2.err();
-  kill(h2.pid(), SIGKILL);
-  h2.wait(10s);
-  ASSERT_EQ(h0.wait(120s), 0) << h0.err();
-  ASSERT_EQ(h1.wait(30s), 0) << h1.err();
 
   auto changes = lines_of_kind(metrics, "membership");
   ASSERT_EQ(changes.size(), 1u) << read_file(metrics);
@@ -174,14 +182,9 @@ TEST(Elastic, LocalStepsGoOnFromTheLastSync) {
   cohort::test::write_tiny_dataset(tmp, 240);
   std::string args = elastic_args(tmp, net.address(0), 29645, 3) + " --dist.sync local --dist.local-steps 4";
   args.replace(args.find(" --quiet"), 8, "");
-  Background h0(launcher(net, 0, args), tmp, "h0"), h1(launcher(net, 1, args), tmp, "h1"),
-      h2(launcher(net, 2, args), tmp, "h2");
+  std::string out0;
+  ASSERT_NO_FATAL_FAILURE(lose_host_two(net, tmp, args, &out0));
   const std::string metrics = tmp / "run/metrics.jsonl";
-  ASSERT_TRUE(wait_until([&] { return reached_step(metrics, 10); }, 90s)) << h0.err() << h2.err();
-  kill(h2.pid(), SIGKILL);
-  h2.wait(10s);
-  ASSERT_EQ(h0.wait(120s), 0) << h0.err();
-  ASSERT_EQ(h1.wait(30s), 0) << h1.err();
 
   auto changes = lines_of_kind(metrics, "membership");
   ASSERT_EQ(changes.size(), 1u) << read_file(metrics);
@@ -189,8 +192,8 @@ TEST(Elastic, LocalStepsGoOnFromTheLastSync) {
   const int64_t resumed = changes[0]["step"];
   EXPECT_EQ(resumed % 4, 0) << "the new world starts at a sync: " << changes[0].dump();
   std::string note = cohort::strf("going on from the last sync, step %lld", static_cast<long long>(resumed));
-  bool at_a_sync = h0.out().find("going on from the last sync") == std::string::npos;
-  EXPECT_TRUE(at_a_sync || h0.out().find(note) != std::string::npos) << h0.out();
+  bool at_a_sync = out0.find("going on from the last sync") == std::string::npos;
+  EXPECT_TRUE(at_a_sync || out0.find(note) != std::string::npos) << out0;
 
   std::set<int64_t> steps;
   for (const auto& j : lines_of_kind(metrics, "train")) EXPECT_TRUE(steps.insert(j["step"].get<int64_t>()).second);

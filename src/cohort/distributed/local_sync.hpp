@@ -73,6 +73,8 @@ class LocalSync {
   // This rank trained samples since the last sync.
   bool window_open() const { return window_samples_ > 0; }
 
+  // The outer Nesterov buffer, flat (the elastic handover carries it).
+  const torch::Tensor& momentum() const { return momentum_; }
   int64_t syncs() const { return syncs_; }
   // Floats put on the wire per sync.
   int64_t wire_floats() const { return anchor_.numel(); }

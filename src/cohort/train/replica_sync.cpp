@@ -122,8 +122,7 @@ std::string ReplicaSync::start_new_world(const torch::Tensor& outer_momentum) {
 bool ReplicaSync::window_open() const { return local_sync_ && local_sync_->window_open(); }
 
 torch::Tensor ReplicaSync::outer_momentum() const {
-  if (!local_sync_) return torch::Tensor();
-  return find(local_sync_->shared_state(), "local.momentum").clone();
+  return local_sync_ ? local_sync_->momentum().clone() : torch::Tensor();
 }
 
 std::string ReplicaSync::describe() const {

@@ -149,26 +149,24 @@ std::shared_ptr<const Handover> Trainer::Parts::handover() const {
   if (sync_mark) {
     replicas->with_synced(capture);
     rewind_to_sync(*h, *sync_mark, state.step, replicas->outer_momentum());
-    h->first_step = log->start_step();
-    h->started = log->start();
-    return h;
+  } else {
+    capture();
+    h->rng = rng_mark.defined() ? rng_mark.clone() : cpu_rng_state();
+    h->step_cursor = step_cursor;
+    // The step's line: built already (its collectives may have failed, or
+    // rank 0 may have died before writing it), or due and not built yet (a
+    // collective before it failed: data.balance's measurement, say).
+    if (last_line && last_line->step == state.step) h->train_line = last_line;
+    else if (state.step > world_start_step && line_due()) h->train_line = log->line(state, step_cursor.epoch);
+    h->interval = log->interval().tally;
+    if (replicas->local()) {  // resumed mid-window, no sync since
+      h->outer_momentum = replicas->outer_momentum();
+      h->note = "local sync: no sync since this world began: the new world goes on from rank 0's parameters (the "
+                "other ranks' open windows are lost)";
+    }
   }
-  capture();
-  h->rng = rng_mark.defined() ? rng_mark.clone() : cpu_rng_state();
-  h->step_cursor = step_cursor;
-  // The step's line: built already (its collectives may have failed, or
-  // rank 0 may have died before writing it), or due and not built yet (a
-  // collective before it failed: data.balance's measurement, say).
-  if (last_line && last_line->step == state.step) h->train_line = last_line;
-  else if (state.step > world_start_step && line_due()) h->train_line = log->line(state, step_cursor.epoch);
-  h->interval = log->interval().tally;
   h->first_step = log->start_step();
   h->started = log->start();
-  if (replicas->local()) {  // resumed mid-window, no sync since
-    h->outer_momentum = replicas->outer_momentum();
-    h->note = "local sync: no sync since this world began: the new world goes on from rank 0's parameters (the "
-              "other ranks' open windows are lost)";
-  }
   return h;
 }
 
