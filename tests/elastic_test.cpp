@@ -442,3 +442,89 @@ INSTANTIATE_TEST_SUITE_P(Moments, ElasticLoss,
                            return "Rank" + std::to_string(i.param.rank) + "_" + i.param.point +
                                   (*i.param.extra ? "_balanced" : "");
                          });
+
+// dist.shard with dist.shard-replicas 2: four ranks on two hosts, each
+// range held by a rank on either host. Host 1's first rank dies as a step
+// begins (`forward`: its gradients never sent) or right after one's update
+// was shared (`applied`); host 0's two ranks re-shard the optimizer state
+// in memory and finish, with the weights of a run checkpointed at that step
+// on four ranks and resumed on two.
+class ElasticShards : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ElasticShards, ReplicasGoOnFromMemory) {
+  NetnsHosts net(2, std::string(GetParam()) == "forward" ? 237 : 238);
+  if (!net.ok()) GTEST_SKIP() << "SKIPPED: network namespaces need root and iproute2";
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 240);
+  const std::string shard = " --dist.shard gradients --dist.shard-replicas 2 --optim.clip-norm 0.05 ";
+  std::string args = cohort::strf(
+      " train --model.name mlp --model.dropout 0 --data.global-batch 12 --train.epochs 4 --log.every-steps 1 "
+      "--log.sample-ids --dist.timeout 30 --init-method tcp://%s:29643 --nnodes 2 --min-nodes 1 "
+      "--nproc-per-node 2 --oversubscribe --data.path %s --out %s",
+      net.address(0).c_str(), tmp.path().c_str(), (tmp / "run").c_str()) + shard;
+  const std::string die = cohort::strf("env COHORT_DEBUG_DELAY=0:30 COHORT_DEBUG_DIE=2:12:%s ", GetParam());
+  Background h0(net.on(0, die + COHORT_BIN + args + " --node-rank 0"), tmp, "h0");
+  Background h1(net.on(1, die + COHORT_BIN + args + " --node-rank 1"), tmp, "h1");
+  ASSERT_EQ(h0.wait(180s), 0) << h0.err();
+  h1.wait(30s);
+  const std::string metrics = tmp / "run/metrics.jsonl";
+  auto changes = lines_of_kind(metrics, "membership");
+  ASSERT_EQ(changes.size(), 1u) << read_file(metrics);
+  EXPECT_EQ(changes[0]["state"], "memory") << changes[0].dump();
+  EXPECT_EQ(changes[0]["world_size"], 2);
+  const int64_t resumed = changes[0]["step"];
+  EXPECT_EQ(resumed, std::string(GetParam()) == "forward" ? 11 : 12);
+  EXPECT_NE(h0.out().find("re-sharded the optimizer state in memory from 2 surviving range(s) into 1"),
+            std::string::npos) << h0.out();
+  std::set<int64_t> steps;
+  for (const auto& j : lines_of_kind(metrics, "train")) EXPECT_TRUE(steps.insert(j["step"].get<int64_t>()).second);
+  EXPECT_EQ(steps.size(), 80u);
+  expect_every_sample_once(tmp / "run", 240, 4);
+
+  const std::string fixed = cohort::strf(
+      " train --model.name mlp --model.dropout 0 --data.global-batch 12 --train.epochs 4 --ckpt.every-steps 1 "
+      "--ckpt.keep 100 --quiet --data.path %s --oversubscribe", tmp.path().c_str()) + shard;
+  auto four = run_cohort(fixed + " --nproc-per-node 4 --out " + (tmp / "ref4"));
+  ASSERT_EQ(four.code, 0) << four.err;
+  auto two = run_cohort(" train --quiet --oversubscribe --nproc-per-node 2 --resume " + (tmp / "ref4/checkpoints/") +
+                        "step-" + std::to_string(resumed) + " --out " + (tmp / "ref2"));
+  ASSERT_EQ(two.code, 0) << two.err;
+  auto elastic = final_model(tmp / "run"), reference = final_model(tmp / "ref2");
+  for (const auto& [name, t] : reference) {
+    ASSERT_TRUE(elastic.count(name)) << name;
+    EXPECT_LT((elastic[name] - t).abs().max().item<double>(), 1e-5) << name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Moments, ElasticShards, ::testing::Values("forward", "applied"));
+
+// dist.shard-replicas 1: the lost ranks' ranges are gone with them, so the
+// survivors go on from the latest checkpoint, and the log says why.
+TEST(Elastic, LostShardComesFromTheCheckpoint) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 240);
+  const int port = cohort::test::free_port();
+  const std::string args = cohort::strf(
+      " train --model.name mlp --model.dropout 0 --data.global-batch 12 --train.epochs 2 --log.every-steps 1 "
+      "--log.sample-ids --dist.timeout 30 --init-method tcp://127.0.0.1:%d --nnodes 2 --min-nodes 1 "
+      "--nproc-per-node 2 --oversubscribe --data.path %s --out %s --dist.shard optimizer --ckpt.every-steps 5",
+      port, tmp.path().c_str(), (tmp / "run").c_str());
+  const std::string die = "env COHORT_DEBUG_DIE=2:12:forward ";
+  Background n0(die + COHORT_BIN + args + " --node-rank 0", tmp, "n0");
+  Background n1(die + COHORT_BIN + args + " --node-rank 1", tmp, "n1");
+  ASSERT_EQ(n0.wait(180s), 0) << n0.err();
+  n1.wait(30s);
+  const std::string metrics = tmp / "run/metrics.jsonl";
+  auto changes = lines_of_kind(metrics, "membership");
+  ASSERT_EQ(changes.size(), 1u) << read_file(metrics);
+  EXPECT_EQ(changes[0]["state"], "checkpoint") << changes[0].dump();
+  EXPECT_EQ(changes[0]["step"], 10) << changes[0].dump();
+  EXPECT_NE(n0.out().find("of the optimizer state were held only by the lost rank(s) (dist.shard-replicas = 1); "
+                          "continuing from"), std::string::npos) << n0.out();
+  std::vector<int64_t> steps;
+  for (const auto& j : lines_of_kind(metrics, "train")) steps.push_back(j["step"].get<int64_t>());
+  std::vector<int64_t> every(40);
+  std::iota(every.begin(), every.end(), 1);
+  EXPECT_EQ(steps, every);
+  expect_every_sample_once(tmp / "run", 240, 2);
+}

@@ -26,7 +26,8 @@ namespace {
 // fast the machine is. COHORT_DEBUG_GATE=FILE holds every rank before step N
 // until FILE holds a number >= N (a test lets the job go step by step);
 // COHORT_DEBUG_DIE=RANK:STEP:POINT kills rank RANK (SIGKILL) at POINT of
-// step STEP: `applied` (its update applied, nothing logged) or `line` (its
+// step STEP: `forward` (its first forward begins: nothing of the step is
+// shared yet), `applied` (its update applied, nothing logged) or `line` (its
 // train line agreed, not yet written); COHORT_DEBUG_DELAY=RANK:MS makes one
 // rank's forward passes that much slower (the straggler report);
 // COHORT_DEBUG_SLOWDOWN=RANK:FACTOR makes its compute FACTOR times slower,
@@ -60,10 +61,13 @@ StepHook debug_hook(const Env& env, int rank) {
     std::istringstream in(it->second);
     std::string r, step, point;
     const bool ok = std::getline(in, r, ':') && std::getline(in, step, ':') && std::getline(in, point) &&
-                    (point == "applied" || point == "line");
-    COHORT_CHECK(ok, UsageError, "COHORT_DEBUG_DIE must be RANK:STEP:applied|line (got '", it->second, "')");
+                    (point == "forward" || point == "applied" || point == "line");
+    COHORT_CHECK(ok, UsageError, "COHORT_DEBUG_DIE must be RANK:STEP:forward|applied|line (got '", it->second, "')");
     try {
-      if (std::stoi(r) == rank) die.emplace(std::stoll(step), point == "applied" ? StepPoint::kApplied : StepPoint::kLine);
+      StepPoint at = point == "forward" ? StepPoint::kForwardBegin
+                     : point == "applied" ? StepPoint::kApplied
+                                          : StepPoint::kLine;
+      if (std::stoi(r) == rank) die.emplace(std::stoll(step), at);
     } catch (const std::exception&) {
       throw UsageError(detail::cat("COHORT_DEBUG_DIE: '", it->second, "' has no numbers for RANK and STEP"));
     }

@@ -56,18 +56,38 @@ std::vector<std::string> Checkpoints::remove_partial(const std::string& run_dir)
   return removed;
 }
 
+std::string Checkpoints::temp_dir(int64_t step) const { return (fs::path(root_) / (".tmp-" + dir_name(step))).string(); }
+
+std::string Checkpoints::begin(int64_t step) {
+  std::error_code ec;
+  fs::create_directories(root_, ec);
+  COHORT_CHECK(!ec, Error, root_, ": cannot create directory (", ec.message(), ")");
+  remove_partial(fs::path(root_).parent_path().string());  // crashed writes
+  fs::path tmp = temp_dir(step);
+  fs::create_directory(tmp, ec);
+  COHORT_CHECK(!ec, Error, tmp.string(), ": cannot create directory (", ec.message(), ")");
+  return tmp.string();
+}
+
+void Checkpoints::abandon(int64_t step) const {
+  std::error_code ignored;
+  fs::remove_all(temp_dir(step), ignored);
+}
+
 std::string Checkpoints::write(const CheckpointState& state, const NamedTensors& model,
                                torch::optim::Optimizer& optimizer, const NamedTensors& rng,
                                const std::string& config_toml) {
   std::error_code ec;
-  fs::create_directories(root_, ec);
-  COHORT_CHECK(!ec, Error, root_, ": cannot create directory (", ec.message(), ")");
   fs::path final_dir = fs::path(root_) / dir_name(state.step);
-  fs::path tmp = fs::path(root_) / (".tmp-" + dir_name(state.step));
-  remove_partial(fs::path(root_).parent_path().string());  // crashed writes
+  fs::path tmp = temp_dir(state.step);
+  std::vector<std::string> files(std::begin(kFiles), std::end(kFiles));
+  for (int g = 0; g < state.shard.groups(); ++g) files.push_back(ShardRecord::file(g));
   try {
-    fs::create_directory(tmp, ec);
-    COHORT_CHECK(!ec, Error, tmp.string(), ": cannot create directory (", ec.message(), ")");
+    if (!state.shard.sharded()) begin(state.step);  // sharded: begun, the ranges written into it
+    for (const auto& f : files) {
+      COHORT_CHECK(f.rfind("optimizer.shard-", 0) != 0 || fs::exists(tmp / f), Error, (tmp / f).string(),
+                   ": the optimizer range's file is missing (RUN_DIR must be on a filesystem every rank shares)");
+    }
     save_safetensors((tmp / "model.safetensors").string(), model, {{"format", "pt"}});
     // libtorch's file writer throws from its destructor when the disk is
     // full (std::terminate, a stack trace instead of an error): serialize in
@@ -91,7 +111,13 @@ std::string Checkpoints::write(const CheckpointState& state, const NamedTensors&
                                {"world_size", state.world_size},
                                {"train_samples", state.train_samples},
                                {"balance_shares", state.balance_shares}};
-    for (const char* f : kFiles) manifest["sha256"][f] = sha256_hex(read_file((tmp / f).string()));
+    if (state.shard.sharded()) {
+      manifest["shard"] = {{"mode", state.shard.mode},
+                           {"replicas", state.shard.replicas},
+                           {"bounds", state.shard.bounds},
+                           {"weights", state.shard.weights}};
+    }
+    for (const auto& f : files) manifest["sha256"][f] = sha256_hex(read_file((tmp / f).string()));
     manifest["state_sha256"] = sha256_hex(manifest.dump());  // covers the fields above, the step and cursor too
     write_file_durably((tmp / "state.json").string(), {manifest.dump(2) + "\n"});
     sync_path(tmp.string(), true);
@@ -181,9 +207,11 @@ CheckpointState Checkpoints::verify(const std::string& dir) {
                    ": checksum mismatch (corrupt or edited)");
     }
     for (const char* f : kFiles) {
-      std::string want = m.at("sha256").at(f).get<std::string>();
-      COHORT_CHECK(sha256_hex(read_file((d / f).string())) == want, DataError, (d / f).string(),
-                   ": checksum mismatch (corrupt or partly written)");
+      COHORT_CHECK(m.at("sha256").contains(f), DataError, (d / "state.json").string(), ": no checksum for ", f);
+    }
+    for (const auto& [f, sum] : m.at("sha256").items()) {
+      COHORT_CHECK(f.find('/') == std::string::npos && sha256_hex(read_file((d / f).string())) == sum.get<std::string>(),
+                   DataError, (d / f).string(), ": checksum mismatch (corrupt or partly written)");
     }
     CheckpointState s;
     s.step = field("step", 0);
@@ -192,6 +220,20 @@ CheckpointState Checkpoints::verify(const std::string& dir) {
     s.world_size = static_cast<int>(field("world_size", 1, std::numeric_limits<int>::max()));
     s.train_samples = m.contains("train_samples") ? field("train_samples", -1) : -1;
     if (m.contains("balance_shares")) s.balance_shares = json_ints(m.at("balance_shares"), file + ": field 'balance_shares'", 0);
+    if (m.contains("shard")) {
+      const auto& j = m.at("shard");
+      s.shard.mode = j.at("mode").get<std::string>();
+      s.shard.replicas = static_cast<int>(json_int(j.at("replicas"), file + ": field 'shard.replicas'", 1, 1 << 20));
+      s.shard.bounds = json_ints(j.at("bounds"), file + ": field 'shard.bounds'", 0);
+      s.shard.weights = j.at("weights").get<std::vector<double>>();
+      COHORT_CHECK(s.shard.bounds.size() >= 2 && std::is_sorted(s.shard.bounds.begin(), s.shard.bounds.end()) &&
+                       s.shard.bounds.front() == 0,
+                   DataError, file, ": field 'shard.bounds' must rise from 0");
+      for (int g = 0; g < s.shard.groups(); ++g) {
+        COHORT_CHECK(m.at("sha256").contains(ShardRecord::file(g)), DataError, file, ": no checksum for ",
+                     ShardRecord::file(g));
+      }
+    }
     return s;
   } catch (const nlohmann::json::exception& e) {
     throw DataError(detail::cat((d / "state.json").string(), ": missing field (", e.what(), ")"));

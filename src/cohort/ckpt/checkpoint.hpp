@@ -6,6 +6,10 @@
 //   rng.safetensors    every rank's CPU generator state ("rank.R"), and the
 //                      fp16 loss scaler's state ("loss_scaler") when enabled
 //   config.toml        the resolved config of the run that wrote it
+//   optimizer.shard-G.safetensors  dist.shard: range G's optimizer moments,
+//                      written by that range's rank (optimizer.pt then
+//                      holds only the options); state.json's "shard" says
+//                      which ranges of the flat parameters the files hold
 //   state.json         format version, step, cursor, world size, and the
 //                      sha256 of every other file; written last
 // A checkpoint is written into a temporary directory, fsync'd, and renamed;
@@ -27,6 +31,18 @@
 
 namespace cohort {
 
+// dist.shard's layout in a checkpoint: range g of the trainable parameters
+// laid end to end is [bounds[g], bounds[g+1]), in file ShardRecord::file(g).
+struct ShardRecord {
+  std::string mode;  // "" when the optimizer state is whole (optimizer.pt)
+  int replicas = 1;
+  std::vector<int64_t> bounds;
+  std::vector<double> weights;  // per rank of the world that wrote it
+  bool sharded() const { return !mode.empty(); }
+  int groups() const { return static_cast<int>(bounds.size()) - 1; }
+  static std::string file(int group) { return "optimizer.shard-" + std::to_string(group) + ".safetensors"; }
+};
+
 struct CheckpointState {
   static constexpr int kFormatVersion = 2;  // 2: state.json carries its own checksum
   int64_t step = 0;
@@ -35,6 +51,7 @@ struct CheckpointState {
   int world_size = 1;
   int64_t train_samples = -1;  // the training set's size; -1: not recorded (older checkpoints)
   std::vector<int64_t> balance_shares;  // data.balance: per rank, of a full global batch
+  ShardRecord shard;
 };
 
 // A checkpoint directory whose checksums were verified, and what it holds.
@@ -51,8 +68,14 @@ class Checkpoints {
   // Returns the directory written. A failed write (a full disk) throws one
   // Error naming the file and the reason; the partial step-N is removed and
   // the previous checkpoint, and `latest` naming it, are untouched.
+  // dist.shard: the ranks first write state.shard's files into
+  // temp_dir(step), which begin() creates (rank 0); write() adds the rest.
   std::string write(const CheckpointState& state, const NamedTensors& model, torch::optim::Optimizer& optimizer,
                     const NamedTensors& rng, const std::string& config_toml);
+  std::string begin(int64_t step);
+  std::string temp_dir(int64_t step) const;
+  // Removes temp_dir(step) after a failed begin()..write().
+  void abandon(int64_t step) const;
 
   // Removes the partial checkpoints of `run_dir` (checkpoints/.tmp-step-N/
   // and *.tmp files: writes a crash or a full disk interrupted). Returns

@@ -1,4 +1,4 @@
-// defines: DeviceKind, Precision, OptimizerKind, Schedule, Compression, SyncMode, Choices,
+// defines: DeviceKind, Precision, OptimizerKind, Schedule, Compression, SyncMode, ShardMode, Choices,
 //          BackendKind, Balance, DropoutRng, name_of, parse_choice, choice_list
 //
 // The config keys that take one of a fixed set of words. Each is an enum
@@ -21,6 +21,7 @@ enum class OptimizerKind { kAdamW, kLamb, kSgd };          // optim.name
 enum class Schedule { kConstant, kLinear, kCosine, kPoly };  // optim.schedule
 enum class Compression { kNone, kBf16, kFp16, kPowerSgd };  // dist.grad-compression
 enum class SyncMode { kStep, kLocal };                 // dist.sync
+enum class ShardMode { kNone, kOptimizer, kGradients };  // dist.shard
 enum class BackendKind { kAuto, kNccl, kGloo };        // dist.backend
 enum class Balance { kEqual, kAuto, kWeights };        // data.balance
 enum class DropoutRng { kSample, kRank };              // model.dropout-rng
@@ -62,6 +63,12 @@ template <>
 struct Choices<SyncMode> {
   static constexpr std::array<std::pair<SyncMode, const char*>, 2> table{
       {{SyncMode::kStep, "step"}, {SyncMode::kLocal, "local"}}};
+};
+
+template <>
+struct Choices<ShardMode> {
+  static constexpr std::array<std::pair<ShardMode, const char*>, 3> table{
+      {{ShardMode::kNone, "none"}, {ShardMode::kOptimizer, "optimizer"}, {ShardMode::kGradients, "gradients"}}};
 };
 
 template <>

@@ -265,6 +265,15 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
        "the world size); local: each rank steps alone for dist.local-steps, then the ranks average the parameter "
        "change and apply an outer Nesterov step (DiLoCo: far less traffic, for slow links)", fixed);
   bind("dist.local-steps", c.dist.local_steps, "dist.sync = local: inner optimizer steps between syncs");
+  bind("dist.shard", c.dist.shard, "ZeRO: none; optimizer = each rank keeps the AdamW/LAMB state of its range of the "
+       "parameters and updates only that range (stage 1); gradients = each rank also keeps only its range's gradients "
+       "(stage 2)");
+  bind("dist.shard-weights", c.dist.shard_weights, "dist.shard: each rank's share of the state: auto (by free memory: "
+       "the GPU's, or the node's available memory over its ranks) or one weight per rank, e.g. 2,1");
+  bind("dist.max-memory-gb", c.dist.max_memory_gb, "dist.shard-weights = auto on the CPU: this node's memory for the "
+       "job, GB; 0 = the node's available memory", node);
+  bind("dist.shard-replicas", c.dist.shard_replicas, "dist.shard: ranks holding each range (1 or 2); with 2 an elastic "
+       "world that loses a rank goes on from its partner's copy, without a checkpoint");
   bind("dist.backend", c.dist.backend, "collectives on CUDA tensors: auto = nccl when built with it, else gloo; "
        "gloo also runs several ranks on one GPU. CPU tensors always use gloo");
 
@@ -820,6 +829,18 @@ void validate(const Config& c) {
   require(c.dist.sync == SyncMode::kStep || c.dist.grad_compression != Compression::kPowerSgd,
           "dist.grad-compression", "powersgd", "compresses the gradient all-reduce, which dist.sync = local does "
           "not have: use none or bf16 for the parameter change");
+  (void)shard_weights(c.dist);
+  require(std::isfinite(c.dist.max_memory_gb) && c.dist.max_memory_gb >= 0, "dist.max-memory-gb",
+          c.dist.max_memory_gb, "must be >= 0");
+  require(c.dist.shard_replicas == 1 || c.dist.shard_replicas == 2, "dist.shard-replicas", c.dist.shard_replicas,
+          "must be 1 or 2");
+  require(c.dist.shard == ShardMode::kNone || c.optim.name != OptimizerKind::kSgd, "dist.shard",
+          name_of(c.dist.shard), "shards AdamW's or LAMB's state; optim.name = sgd has none worth sharding: use none");
+  require(c.dist.shard == ShardMode::kNone || c.dist.sync == SyncMode::kStep, "dist.shard", name_of(c.dist.shard),
+          "needs dist.sync = step (local sync keeps a whole inner optimizer on every rank)");
+  require(c.dist.shard == ShardMode::kNone || c.dist.grad_compression != Compression::kPowerSgd, "dist.shard",
+          name_of(c.dist.shard), "cannot be combined with dist.grad-compression = powersgd (its error feedback is "
+          "a whole-model remainder per rank)");
   require(std::isfinite(c.optim.outer_lr) && c.optim.outer_lr > 0, "optim.outer-lr", c.optim.outer_lr,
           "must be finite and > 0");
   require(c.optim.outer_momentum >= 0 && c.optim.outer_momentum < 1, "optim.outer-momentum", c.optim.outer_momentum,
@@ -842,6 +863,29 @@ void validate(const Config& c) {
     std::string why = k.problem(value);
     COHORT_CHECK(why.empty(), ConfigError, k.name, " ", why, " (got ", shown(value), ")");
   }
+}
+
+std::vector<double> shard_weights(const DistOptions& dist) {
+  const std::string& text = dist.shard_weights;
+  if (text == "auto") return {};
+  std::vector<double> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    double w = 0;
+    try {
+      w = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    while (used < item.size() && std::isspace(static_cast<unsigned char>(item[used]))) ++used;
+    COHORT_CHECK(used > 0 && used == item.size() && std::isfinite(w) && w > 0, ConfigError,
+                 "dist.shard-weights: '", text, "' must be auto or positive numbers, one per rank (e.g. 2,1)");
+    out.push_back(w);
+  }
+  COHORT_CHECK(!out.empty(), ConfigError, "dist.shard-weights: '", text, "' must be auto or one weight per rank");
+  return out;
 }
 
 }  // namespace cohort

@@ -107,7 +107,15 @@ struct DistOptions {
   SyncMode sync = SyncMode::kStep;    // step: exact all-reduce every step; local: DiLoCo-style
   int64_t local_steps = 8;            // local: inner steps between outer syncs
   BackendKind backend = BackendKind::kAuto;  // CUDA tensors: auto = NCCL when built with it
+  ShardMode shard = ShardMode::kNone;  // optimizer state (and gradients) split over ranks
+  std::string shard_weights = "auto";  // "auto" (free memory) or one weight per rank: "2,1"
+  double max_memory_gb = 0;            // auto on the CPU: this node's memory for the job; 0 = what is available
+  int64_t shard_replicas = 1;          // ranks holding each range: 2 survives a lost rank in memory
 };
+
+// dist.shard-weights as numbers: one per rank, or empty for auto. Throws
+// ConfigError naming the key for anything else.
+std::vector<double> shard_weights(const DistOptions& dist);
 
 struct ModelOptions {
   std::string name = "cnn";   // mlp | cnn | bert

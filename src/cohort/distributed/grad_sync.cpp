@@ -91,7 +91,7 @@ GradSync::GradSync(Comm& comm, torch::nn::Module& module, GradSyncOptions opts) 
   }
   if (comm_.size() == 1) return;  // nothing to reduce: no hooks, no views
   torch::NoGradGuard no_grad;
-  for (const auto& bucket : buckets_) {
+  for (const auto& bucket : opts_.sink ? std::vector<std::vector<size_t>>{} : buckets_) {
     int64_t numel = 0;
     for (size_t k : bucket) numel += params_[k].numel();
     auto flat = torch::zeros({numel}, params_[bucket.front()].options());
@@ -116,8 +116,8 @@ GradSync::GradSync(Comm& comm, torch::nn::Module& module, GradSyncOptions opts) 
       for (size_t k : buckets_[b]) names.push_back(names_[k]);
       powersgd_.push_back(std::make_unique<PowerSgdBucket>(bucket_grads(b), names, opts_.powersgd_rank, opts_.seed));
     }
-    worker_ = std::thread([this] { work(); });
   }
+  if (!powersgd_.empty() || opts_.sink) worker_ = std::thread([this] { work(); });
 }
 
 GradSync::~GradSync() {
@@ -148,17 +148,24 @@ void GradSync::work() {
     size_t b = queue_.front();
     queue_.pop_front();
     bool failed = worker_error_ != nullptr;
-    auto grads = bucket_grads(b);
+    auto grads = opts_.sink ? std::vector<torch::Tensor>{} : bucket_grads(b);
+    torch::Tensor wire = opts_.sink ? std::move(wire_[b]) : torch::Tensor();
     lock.unlock();
     if (!failed) {
       try {
-        powersgd_[b]->reduce(comm_, grads);
+        if (opts_.sink) {
+          comm_.all_reduce_sum(wire, "gradient all-reduce");
+          opts_.sink->add_reduced(buckets_[b], wire);
+        } else {
+          powersgd_[b]->reduce(comm_, grads);
+        }
       } catch (...) {
         lock.lock();
         worker_error_ = std::current_exception();
         lock.unlock();
       }
     }
+    wire = torch::Tensor();  // freed before the next bucket
     lock.lock();
     ++reduced_;
     work_cv_.notify_all();
@@ -212,7 +219,11 @@ void GradSync::reset_state() {
 }
 
 void GradSync::prepare(bool sync) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (opts_.sink) {
+    if (sync_) drain(lock);  // the previous micro-batch's buckets
+    sync = true;             // every micro-batch is reduced: no whole-model gradient is kept
+  }
   sync_ = sync && comm_.size() > 1;
   waiting_.assign(buckets_.size(), 0);
   for (size_t b = 0; b < buckets_.size(); ++b) waiting_[b] = buckets_[b].size();
@@ -234,6 +245,21 @@ void GradSync::mark_ready(size_t param) {
 }
 
 void GradSync::launch(size_t b) {
+  if (opts_.sink) {  // into one wire buffer; the gradients go
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> parts;
+    for (size_t k : buckets_[b]) {
+      auto& p = params_[k];
+      parts.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}, p.options()));
+    }
+    wire_[b] = torch::cat(parts);
+    parts.clear();
+    for (size_t k : buckets_[b]) params_[k].mutable_grad() = torch::Tensor();
+    ++collectives_;
+    queue_.push_back(b);
+    work_cv_.notify_all();
+    return;
+  }
   // Re-attach any gradient something replaced (rather than updated in place)
   // since the last step, so the bucket's buffer holds every gradient.
   int64_t offset = 0;
@@ -264,16 +290,20 @@ void GradSync::launch(size_t b) {
 
 void GradSync::finalize() {
   std::unique_lock<std::mutex> lock(mu_);
+  drain(lock);
+}
+
+void GradSync::drain(std::unique_lock<std::mutex>& lock) {
   if (!sync_) return;
   while (next_launch_ < buckets_.size()) {
     waiting_[next_launch_] = 0;
     launch(next_launch_++);
   }
   sync_ = false;
-  if (!powersgd_.empty()) {
+  if (!powersgd_.empty() || opts_.sink) {
     work_cv_.wait(lock, [this] { return reduced_ == buckets_.size(); });
     if (worker_error_) std::rethrow_exception(worker_error_);
-    return;  // reduced in place, in the grads
+    return;  // reduced in place, in the grads (or handed to the sink)
   }
   auto pending = std::move(pending_);
   pending_.clear();

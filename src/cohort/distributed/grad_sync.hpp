@@ -34,12 +34,23 @@ void broadcast_module(Comm& comm, torch::nn::Module& module);
 // reference GradSync is tested against; missing gradients count as zeros.
 void all_reduce_gradients(Comm& comm, torch::nn::Module& module);
 
+// dist.shard = gradients: takes each bucket's gradients, summed over the
+// ranks, and keeps its own range of them (the sharded optimizer). `flat`
+// holds the bucket's parameters (indices into the trainable parameters, in
+// registration order) end to end, in `params`' order; it is freed after.
+class GradShardSink {
+ public:
+  virtual ~GradShardSink() = default;
+  virtual void add_reduced(const std::vector<size_t>& params, const torch::Tensor& flat) = 0;
+};
+
 struct GradSyncOptions {
   int64_t bucket_cap_bytes = 25 << 20;   // dist.bucket-cap-mb
   int64_t first_bucket_bytes = 1 << 20;  // small, so communication starts early
   Compression compression = Compression::kNone;  // dtype on the wire, or powersgd
   int64_t powersgd_rank = 4;
   uint64_t seed = 0;  // powersgd: draws the first Qs (train.seed), the same on every rank
+  GradShardSink* sink = nullptr;  // dist.shard = gradients: no whole-model gradient buffers
 };
 
 // dist.bucket-cap-mb, dist.grad-compression and dist.powersgd-rank.
@@ -66,6 +77,14 @@ GradSyncOptions grad_sync_options(const DistOptions& dist, uint64_t seed);
 // bucket with arithmetic between them, so a ready bucket is handed to one
 // worker thread that reduces the buckets strictly in order while backward
 // goes on; finalize() waits for it and rethrows its error.
+//
+// With a GradShardSink (dist.shard = gradients) there are no bucket buffers:
+// backward fills each parameter's .grad as usual, and a ready bucket's
+// gradients are copied into one wire buffer and freed; the worker sums it
+// (an all-reduce: c10d's Gloo reduce-scatter takes equal pieces, the ranges
+// are not) and hands it to the sink, which keeps its range. Every
+// micro-batch is reduced this way, so no whole-model gradient outlives the
+// buckets in flight.
 class GradSync {
  public:
   GradSync(Comm& comm, torch::nn::Module& module, GradSyncOptions opts = {});
@@ -106,6 +125,7 @@ class GradSync {
   void mark_ready(size_t param);
   void launch(size_t bucket);
   void work();
+  void drain(std::unique_lock<std::mutex>& lock);
   std::vector<torch::Tensor> bucket_grads(size_t bucket) const;
 
   Comm& comm_;

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <algorithm>
 #include <map>
 #include <sstream>
 
@@ -14,6 +15,7 @@
 #include "cohort/distributed/membership.hpp"
 #include "cohort/train/phase_timer.hpp"
 #include "cohort/train/run_dir.hpp"
+#include "cohort/train/sharded_optim.hpp"
 #include "cohort/train/trainer.hpp"
 
 namespace cohort {
@@ -26,6 +28,105 @@ std::vector<std::string> described(const std::vector<Member>& members) {
   std::vector<std::string> out;
   for (const auto& m : members) out.push_back(describe_members({m}));
   return out;
+}
+
+torch::Tensor named(const NamedTensors& ts, const std::string& name) {
+  for (const auto& [n, t] : ts) {
+    if (n == name) return t;
+  }
+  throw Error("state handover: the sharded optimizer state lacks " + name);
+}
+
+// dist.shard: the survivors' ranges of the moments, each sent by its
+// lowest-ranked holder in pieces, and kept by the ranks whose new range
+// overlaps it. ShardsLost when the ranges held at `step` leave a gap.
+std::string reshard_from_memory(Comm& comm, const Handover* held, int64_t step, ShardedOptimizer& shards) {
+  const int n = comm.size();
+  std::vector<double> offers(3 * n, 0.0);
+  if (held && held->state.step == step && !held->shard.empty()) {
+    auto range = named(held->shard, "range").contiguous();
+    offers[3 * comm.rank()] = static_cast<double>(range.data_ptr<int64_t>()[0]);
+    offers[3 * comm.rank() + 1] = static_cast<double>(range.data_ptr<int64_t>()[1]);
+    offers[3 * comm.rank() + 2] = 1;
+  }
+  offers = comm.all_reduce_sum(offers, "sharded state handover");
+  struct Held {
+    int64_t lo, hi;
+    int rank;
+  };
+  std::vector<Held> ranges;
+  for (int r = 0; r < n; ++r) {
+    if (offers[3 * r + 2] == 0) continue;
+    Held h{static_cast<int64_t>(offers[3 * r]), static_cast<int64_t>(offers[3 * r + 1]), r};
+    bool seen = false;
+    for (const auto& x : ranges) seen = seen || (x.lo == h.lo && x.hi == h.hi);
+    if (!seen) ranges.push_back(h);
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const Held& a, const Held& b) { return a.lo < b.lo; });
+  int64_t covered = 0;
+  for (const auto& h : ranges) {
+    if (h.lo > covered) break;
+    covered = std::max(covered, h.hi);
+  }
+  const int64_t total = shards.layout().total();
+  if (ranges.empty() || covered < total) {
+    throw ShardsLost(strf("dist.shard: elements [%lld, %lld) of the optimizer state were held only by the lost "
+                          "rank(s) (dist.shard-replicas = %d)", static_cast<long long>(covered),
+                          static_cast<long long>(total), shards.layout().replicas));
+  }
+  torch::NoGradGuard no_grad;
+  constexpr int64_t kPiece = 1 << 22;  // floats per broadcast: what a rank holds beyond its range
+  for (const auto& h : ranges) {
+    const bool mine = h.rank == comm.rank();
+    for (int64_t at = h.lo; at < h.hi; at += kPiece) {
+      int64_t len = std::min(kPiece, h.hi - at);
+      torch::Tensor m, v;
+      if (mine) {
+        m = named(held->shard, "exp_avg").narrow(0, at - h.lo, len).clone();
+        v = named(held->shard, "exp_avg_sq").narrow(0, at - h.lo, len).clone();
+      } else {
+        m = torch::empty({len}, shards.state_options());
+        v = torch::empty({len}, shards.state_options());
+      }
+      comm.broadcast(m, h.rank, "sharded state handover");
+      comm.broadcast(v, h.rank, "sharded state handover");
+      shards.take(at, m, v);
+    }
+  }
+  torch::Tensor steps = ranges.front().rank == comm.rank() ? named(held->shard, "steps").clone()
+                                                           : torch::empty({static_cast<int64_t>(shards.layout().numels.size())}, torch::kInt64);
+  comm.broadcast(steps, ranges.front().rank, "sharded state handover");
+  shards.set_steps(steps);
+  return strf("dist.shard: re-sharded the optimizer state in memory from %zu surviving range(s) into %d",
+              ranges.size(), shards.layout().groups());
+}
+
+// The world cannot go on from memory (`why`): from the run's latest
+// checkpoint, or, with none, from the start as planned, over what the
+// earlier worlds wrote.
+void go_on_without_memory(RunOptions& r, const std::string& why) {
+  std::string state = "start";
+  int64_t step = 0;
+  if (fs::exists(fs::path(r.out_dir) / "checkpoints" / "latest")) {
+    std::vector<std::string> warnings;
+    r.start = StartFromCheckpoint{Checkpoints::resolve(r.out_dir, &warnings)};
+    for (auto& w : warnings) r.notes.push_back("warning: " + w);
+    r.notes.push_back("elastic: " + why + "; continuing from " + r.checkpoint()->dir);
+    state = "checkpoint";
+    step = r.checkpoint()->state.step;
+  } else {
+    r.notes.push_back("elastic: " + why + " and the run has no checkpoint; starting as planned");
+    if (r.checkpoint()) {
+      state = "checkpoint";
+      step = r.checkpoint()->state.step;
+    } else {
+      r.start = StartFresh{/*overwrite=*/true};
+    }
+  }
+  if (r.membership) {
+    r.membership->state = state;
+    r.membership->step = step;
+  }
 }
 
 }  // namespace
@@ -69,35 +170,28 @@ RunSummary train_elastic(const Config& cfg, Membership& membership, const RunOpt
         r.start = StartFromPeers{held};  // rank 0's memory: no checkpoint is read
         m.state = "memory";
         m.step = change.members[0].step;
-      } else if (fs::exists(fs::path(r.out_dir) / "checkpoints" / "latest")) {
-        std::vector<std::string> warnings;
-        r.start = StartFromCheckpoint{Checkpoints::resolve(r.out_dir, &warnings)};
-        for (auto& w : warnings) r.notes.push_back("warning: " + w);
-        r.notes.push_back("elastic: no member of the previous world survived with its state; continuing from " +
-                          r.checkpoint()->dir);
-        m.state = "checkpoint";
-        m.step = r.checkpoint()->state.step;
+        r.membership = m;
       } else {
-        // Nothing survived and nothing was saved: the start as planned,
-        // over what the earlier worlds wrote.
-        r.notes.push_back("elastic: no member of the previous world survived with its state and the run has no "
-                          "checkpoint; starting as planned");
-        if (!r.checkpoint()) r.start = StartFresh{/*overwrite=*/true};
-        m.state = r.checkpoint() ? "checkpoint" : "start";
-        m.step = r.checkpoint() ? r.checkpoint()->state.step : 0;
+        r.membership = m;
+        go_on_without_memory(r, "no member of the previous world survived with its state");
       }
-      r.membership = m;
     }
     per_world(comm->world(), r);
     try {
-      Trainer trainer(cfg, *comm, r);
+      std::unique_ptr<Trainer> trainer;
+      try {
+        trainer = std::make_unique<Trainer>(cfg, *comm, r);
+      } catch (const ShardsLost& e) {  // every rank: the survivors' ranges were pooled
+        go_on_without_memory(r, e.what());
+        trainer = std::make_unique<Trainer>(cfg, *comm, r);
+      }
       started = true;
       try {
-        RunSummary done = trainer.run();
+        RunSummary done = trainer->run();
         membership.finish();
         return done;
       } catch (const MembershipChanged& e) {
-        held = trainer.handover();
+        held = trainer->handover();
         cause = e.what();
       }
     } catch (const MembershipChanged& e) {
@@ -124,6 +218,9 @@ std::shared_ptr<Handover> capture_handover(torch::nn::Module& module, torch::opt
   std::ostringstream os;
   torch::save(optimizer, os);
   h->optimizer = os.str();
+  if (auto* shards = dynamic_cast<ShardedOptimizer*>(&optimizer); shards && shards->consistent()) {
+    h->shard = shards->range_state();
+  }
   if (state.scaler.enabled()) h->scaler = state.scaler.state().clone();
   return h;
 }
@@ -150,6 +247,9 @@ bool adopt_handover(Comm& comm, const Handover* held, torch::nn::Module& module,
   std::istringstream opt_in(got.optimizer);
   torch::load(optimizer, opt_in);
   if (got.scaler.defined()) state.scaler.restore(got.scaler);
+  if (auto* shards = dynamic_cast<ShardedOptimizer*>(&optimizer)) {
+    notes.push_back(reshard_from_memory(comm, held, got.state.step, *shards));
+  }
   for (const std::string& note : {replicas.start_new_world(got.outer_momentum), held ? held->note : std::string()}) {
     if (!note.empty()) notes.push_back(note);
   }

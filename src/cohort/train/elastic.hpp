@@ -50,6 +50,14 @@ struct World;
 RunSummary train_elastic(const Config& cfg, Membership& membership, const RunOptions& run,
                          const std::function<void(const World&, RunOptions&)>& per_world);
 
+// A new world that would go on from memory cannot: a range of the sharded
+// optimizer state (dist.shard-replicas = 1, or every holder lost) is gone.
+// It goes on from the run's latest checkpoint instead.
+class ShardsLost : public Error {
+ public:
+  using Error::Error;
+};
+
 // Step 2: this process's model, optimizer and state at the last completed
 // step, cloned, without collectives. The trainer adds the step's records
 // (RNG, cursor, train line, open interval).
@@ -63,7 +71,9 @@ std::shared_ptr<Handover> capture_handover(torch::nn::Module& module, torch::opt
 // data.balance = auto measures the new world afresh (the old split was per
 // rank of the old world: the shares are cleared). `replicas` starts the new
 // world (PowerSGD afresh; local sync from the handed-over outer momentum);
-// what the log should say is appended to `notes`.
+// what the log should say is appended to `notes`. dist.shard: every rank
+// takes its new range of the moments from the survivors that hold them;
+// ShardsLost when a range has no holder left.
 bool adopt_handover(Comm& comm, const Handover* held, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                     ReplicaSync& replicas, TrainState& state, std::vector<std::string>& notes);
 

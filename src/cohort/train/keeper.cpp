@@ -6,6 +6,7 @@
 #include "cohort/obs/reporter.hpp"
 #include "cohort/train/phase_timer.hpp"
 #include "cohort/train/run_dir.hpp"
+#include "cohort/train/sharded_optim.hpp"
 #include "cohort/train/startup.hpp"
 #include "cohort/train/task.hpp"
 #include "cohort/train/train_state.hpp"
@@ -41,6 +42,7 @@ void Keeper::save(Reporter& reporter) {
   last_step_ = state_.step;
   auto t0 = Clock::now();
   TrainState::Snapshot snapshot = state_.capture(comm_, task_.train_set().size(), replicas_.state());
+  if (auto* shards = dynamic_cast<ShardedOptimizer*>(&optimizer_)) write_ranges(*shards, snapshot.state);
   // Every rank fails with rank 0's write error (a full disk: exit 1, the
   // file named), instead of waiting in a barrier for a rank that is gone.
   on_main_then_agree(comm_, "checkpoint write", [&] {
@@ -51,6 +53,25 @@ void Keeper::save(Reporter& reporter) {
     reporter.message(strf("ckpt  step %lld  %s  (%s)", static_cast<long long>(state_.step), dir.c_str(),
                           format_duration(seconds_since(t0)).c_str()));
   });
+}
+
+// dist.shard: each range's primary writes its optimizer moments into the
+// checkpoint being written, in parallel; rank 0 adds the rest.
+void Keeper::write_ranges(const ShardedOptimizer& shards, CheckpointState& record) {
+  const ShardLayout& layout = shards.layout();
+  record.shard = ShardRecord{name_of(shards.mode()), layout.replicas, layout.bounds, layout.weights};
+  on_main_then_agree(comm_, "checkpoint directory", [&] { checkpoints_.begin(state_.step); });
+  try {
+    on_each_then_agree(comm_, "checkpoint range write", [&] {
+      if (!layout.primary(comm_.rank())) return;
+      std::string path = checkpoints_.temp_dir(state_.step) + "/" + ShardRecord::file(shards.group());
+      save_safetensors(path, shards.range_state(),
+                       {{"lo", std::to_string(shards.lo())}, {"hi", std::to_string(shards.hi())}});
+    });
+  } catch (...) {
+    if (comm_.world().is_main()) checkpoints_.abandon(state_.step);
+    throw;
+  }
 }
 
 void Keeper::after_eval(const EvalReport& r, Reporter& reporter) {

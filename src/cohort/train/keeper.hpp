@@ -19,6 +19,8 @@
 
 namespace cohort {
 
+class ShardedOptimizer;
+
 class Comm;
 class ReplicaSync;
 class Reporter;
@@ -49,6 +51,8 @@ class Keeper {
   std::string early_stop(int64_t total_steps, Reporter& reporter);
 
  private:
+  void write_ranges(const ShardedOptimizer& shards, CheckpointState& record);
+
   Comm& comm_;
   Task& task_;
   torch::optim::Optimizer& optimizer_;

@@ -9,6 +9,7 @@
 #include "cohort/core/format.hpp"
 #include "cohort/distributed/world.hpp"
 #include "cohort/train/replica_sync.hpp"
+#include "cohort/train/sharded_optim.hpp"
 #include "cohort/train/task.hpp"
 #include "cohort/train/train_state.hpp"
 
@@ -44,7 +45,7 @@ std::vector<std::string> restore_checkpoint(const ResolvedCheckpoint& from, Task
                                             int64_t usable) {
   namespace fs = std::filesystem;
   load_model_weights(*task.module(), (fs::path(from.dir) / "model.safetensors").string());
-  torch::load(optimizer, (fs::path(from.dir) / "optimizer.pt").string());
+  std::string reshard = load_optimizer_state(from, optimizer, *task.module());
   state.restore(from, world);
   // data.path may change on resume (the data moved); the data may not.
   COHORT_CHECK(from.state.train_samples < 0 || from.state.train_samples == task.train_set().size(), DataError,
@@ -56,6 +57,7 @@ std::vector<std::string> restore_checkpoint(const ResolvedCheckpoint& from, Task
       strf("resumed from %s: step %lld, epoch %lld, %lld samples into the epoch (written by %d rank(s), now %d)",
            from.dir.c_str(), static_cast<long long>(state.step), static_cast<long long>(state.cursor.epoch),
            static_cast<long long>(state.cursor.consumed), from.state.world_size, world.world_size)};
+  if (!reshard.empty()) notes.push_back(reshard);
   SavedSync saved = read_sync_state(from);
   for (auto& note : replicas.restore(saved.shared, saved.by_rank)) notes.push_back(note);
   return notes;

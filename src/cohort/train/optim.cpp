@@ -56,13 +56,21 @@ std::vector<torch::optim::OptimizerParamGroup> decay_groups(torch::nn::Module& m
 
 }  // namespace
 
+torch::optim::AdamWOptions adamw_options(const OptimOptions& o) {
+  return torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps);
+}
+
+std::vector<torch::optim::OptimizerParamGroup> adamw_groups(const OptimOptions& o, torch::nn::Module& module) {
+  return decay_groups(module, adamw_options(o), o.weight_decay);
+}
+
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimOptions& o, torch::nn::Module& module) {
   if (o.name == OptimizerKind::kSgd) {
     auto base = torch::optim::SGDOptions(o.lr).momentum(o.momentum);
     return std::make_unique<torch::optim::SGD>(decay_groups(module, base, o.weight_decay), base);
   }
-  auto base = torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps);
-  auto groups = decay_groups(module, base, o.weight_decay);
+  auto base = adamw_options(o);
+  auto groups = adamw_groups(o, module);
   if (o.name == OptimizerKind::kLamb) return std::make_unique<Lamb>(std::move(groups), base);
   return std::make_unique<FusedAdamW>(std::move(groups), base);
 }
@@ -170,12 +178,14 @@ torch::Tensor Lamb::step(LossClosure closure) {
 }
 
 double clip_gradients(torch::nn::Module& module, double max_norm) {
-  double norm = grad_norm(module);
+  return clip_gradients(module_gradients(module), max_norm);
+}
+
+double clip_gradients(const GradientSet& grads, double max_norm) {
+  double norm = grad_norm(grads);
   if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
     torch::NoGradGuard no_grad;
-    for (auto& p : module.parameters()) {
-      if (p.grad().defined()) p.mutable_grad().mul_(max_norm / (norm + 1e-6));
-    }
+    for (const auto& g : grads.tensors) g.mul_(max_norm / (norm + 1e-6));
   }
   return norm;
 }

@@ -1,4 +1,4 @@
-// defines: LrSchedule, make_optimizer, set_lr, FusedAdamW, Lamb
+// defines: LrSchedule, make_optimizer, adamw_options, adamw_groups, set_lr, clip_gradients, FusedAdamW, Lamb
 #pragma once
 
 #include <torch/nn/module.h>
@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cohort/config/choice.hpp"
+#include "cohort/train/precision.hpp"
 
 namespace cohort {
 
@@ -40,12 +41,18 @@ struct LrSchedule {
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimOptions& opts,
                                                         torch::nn::Module& module);
 
+// AdamW's and LAMB's options and their two groups (with weight decay, then
+// the 1-D parameters without), as make_optimizer builds them.
+torch::optim::AdamWOptions adamw_options(const OptimOptions& opts);
+std::vector<torch::optim::OptimizerParamGroup> adamw_groups(const OptimOptions& opts, torch::nn::Module& module);
+
 void set_lr(torch::optim::Optimizer& opt, double lr);
 
 // Scales every gradient of `module` by max_norm / (norm + 1e-6) when their
 // global L2 norm exceeds max_norm (as torch.nn.utils.clip_grad_norm_); 0
 // disables. Returns the norm before clipping (inf or NaN when a gradient is).
 double clip_gradients(torch::nn::Module& module, double max_norm);
+double clip_gradients(const GradientSet& grads, double max_norm);
 
 // torch::optim::AdamW's update in one fused kernel per parameter group
 // (ATen's _fused_adamw_, what torch.optim.AdamW(fused=True) calls): one pass

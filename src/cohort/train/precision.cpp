@@ -67,15 +67,34 @@ double grad_norm(torch::nn::Module& module) {
   return norms.empty() ? 0.0 : torch::stack(norms).norm(2).item<double>();
 }
 
+GradientSet module_gradients(torch::nn::Module& module) {
+  GradientSet g;
+  g.module = &module;
+  for (auto& p : module.parameters()) {
+    if (p.grad().defined()) g.tensors.push_back(p.grad());
+  }
+  return g;
+}
+
+double grad_norm(const GradientSet& grads) {
+  if (grads.module) return grad_norm(*grads.module);  // unchanged: the unsharded runs' numbers
+  torch::NoGradGuard no_grad;
+  double sq = 0;
+  for (const auto& t : grads.tensors) {
+    double n = t.norm(2).to(torch::kFloat64).item<double>();
+    sq += n * n;
+  }
+  if (grads.pool) sq = grads.pool(sq);
+  return std::sqrt(sq);
+}
+
 torch::Tensor LossScaler::scale(const torch::Tensor& loss) const { return enabled_ ? loss * scale_ : loss; }
 
-bool LossScaler::unscale_and_update(torch::nn::Module& module) {
+bool LossScaler::unscale_and_update(const GradientSet& grads) {
   if (!enabled_) return true;
   torch::NoGradGuard no_grad;
-  for (auto& p : module.parameters()) {
-    if (p.grad().defined()) p.mutable_grad().mul_(1.0 / scale_);
-  }
-  bool finite = std::isfinite(grad_norm(module));
+  for (const auto& g : grads.tensors) g.mul_(1.0 / scale_);
+  bool finite = std::isfinite(grad_norm(grads));
   if (!finite) {
     scale_ *= backoff_;
     clean_steps_ = 0;

@@ -1,4 +1,4 @@
-// defines: resolve_precision, cpu_has_amx_bf16, AutocastScope, LossScaler
+// defines: resolve_precision, cpu_has_amx_bf16, GradientSet, module_gradients, AutocastScope, LossScaler
 //
 // Mixed precision. Master weights and gradients stay fp32; autocast runs the
 // forward's matrix products in bf16 (CPU) or fp16 (CUDA). fp16's narrow range
@@ -9,7 +9,9 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "cohort/config/choice.hpp"
 
@@ -29,6 +31,17 @@ bool cpu_has_amx_bf16();
 // The L2 norm of all of `module`'s gradients together: inf or NaN when any
 // gradient is. One reduction per tensor, no copies.
 double grad_norm(torch::nn::Module& module);
+
+// The gradients a step applies, as this rank holds them: every parameter's,
+// or (dist.shard = gradients) only its range's, whose squared norms `pool`
+// sums over the ranks. Clipping and the loss scaler work on these.
+struct GradientSet {
+  std::vector<torch::Tensor> tensors;
+  std::function<double(double)> pool;  // null: the tensors are every gradient
+  torch::nn::Module* module = nullptr;  // set by module_gradients
+};
+GradientSet module_gradients(torch::nn::Module& module);
+double grad_norm(const GradientSet& grads);
 
 // Autocast on for the scope's lifetime when precision is bf16 or fp16.
 class AutocastScope {
@@ -60,7 +73,8 @@ class LossScaler {
   torch::Tensor scale(const torch::Tensor& loss) const;
   // Unscales every gradient of `module` in place and reports whether all are
   // finite; updates the scale. The caller skips the optimizer step on false.
-  bool unscale_and_update(torch::nn::Module& module);
+  bool unscale_and_update(torch::nn::Module& module) { return unscale_and_update(module_gradients(module)); }
+  bool unscale_and_update(const GradientSet& grads);
   int64_t skipped() const { return skipped_; }
   // [scale, clean steps, skipped] for checkpoints, and back.
   torch::Tensor state() const;

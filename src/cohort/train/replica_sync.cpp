@@ -9,6 +9,7 @@
 #include "cohort/distributed/comm.hpp"
 #include "cohort/distributed/grad_sync.hpp"
 #include "cohort/distributed/local_sync.hpp"
+#include "cohort/train/sharded_optim.hpp"
 
 namespace cohort {
 
@@ -47,7 +48,9 @@ ReplicaSync::ReplicaSync(Comm& comm, torch::nn::Module& module, torch::optim::Op
       dist_(cfg.dist),
       optim_(cfg.optim) {
   if (mode_ == SyncMode::kStep) {
-    grad_sync_ = std::make_unique<GradSync>(comm, module, grad_sync_options(cfg.dist, cfg.train.seed));
+    GradSyncOptions o = grad_sync_options(cfg.dist, cfg.train.seed);
+    if (auto* sharded = dynamic_cast<ShardedOptimizer*>(&optimizer)) o.sink = sharded->sink();
+    grad_sync_ = std::make_unique<GradSync>(comm, module, o);
     return;
   }
   LocalSyncOptions o;

@@ -1,4 +1,4 @@
-// defines: on_main_then_agree, shared_config_fingerprint, agree_startup, StartPoint, agree_start_point
+// defines: on_main_then_agree, on_each_then_agree, shared_config_fingerprint, agree_startup, StartPoint, agree_start_point
 //
 // What the ranks check with one another before training, so that ranks
 // started differently fail at once, naming the key, the rank and the value,
@@ -39,6 +39,33 @@ void on_main_then_agree(Comm& comm, const char* what, Fn fn) {
   double failed = comm.all_reduce_sum(std::vector<double>{static_cast<double>(code)}, what)[0];
   if (error) std::rethrow_exception(error);
   if (failed != 0) throw Error(detail::cat("rank 0 failed in the ", what, "; its error says why"), static_cast<int>(failed));
+}
+
+// Work every rank does ahead of a collective (each writes its own file):
+// when any fails, every rank fails now, the failing ones with their own
+// error and the others naming the first rank that failed.
+template <class Fn>
+void on_each_then_agree(Comm& comm, const char* what, Fn fn) {
+  std::exception_ptr error;
+  int code = 0;
+  try {
+    fn();
+  } catch (const Error& e) {
+    error = std::current_exception();
+    code = e.exit_code();
+  } catch (...) {
+    error = std::current_exception();
+    code = 1;
+  }
+  std::vector<double> codes(comm.size(), 0.0);
+  codes[comm.rank()] = code;
+  codes = comm.all_reduce_sum(codes, what);
+  if (error) std::rethrow_exception(error);
+  for (int r = 0; r < comm.size(); ++r) {
+    if (codes[r] != 0) {
+      throw Error(detail::cat("rank ", r, " failed in the ", what, "; its error says why"), static_cast<int>(codes[r]));
+    }
+  }
 }
 
 // The shared config's fingerprint (16 hex digits): equal on the ranks and

@@ -65,6 +65,10 @@ struct Handover {
   // that of the last sync (the model its parameters): the new world trains
   // the steps since again. Undefined otherwise.
   torch::Tensor outer_momentum;
+  // dist.shard: this process's range of the optimizer moments at the step
+  // held (ShardedOptimizer::range_state); empty when it holds none, or when
+  // the world ended while a step's update was half shared.
+  NamedTensors shard;
   std::string note;  // what the next world logs about this handover; "" when nothing
   torch::Tensor rng;      // this process's CPU generator at the last step boundary
   // The record of the last step, so that the next world logs it when the

@@ -10,6 +10,7 @@
 #include "cohort/model/dropout.hpp"
 #include "cohort/obs/reporter.hpp"
 #include "cohort/train/precision.hpp"
+#include "cohort/train/sharded_optim.hpp"
 #include "cohort/train/task.hpp"
 #include "cohort/train/train_state.hpp"
 
@@ -71,6 +72,7 @@ StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch
   auto& module = *parts.task.module();
   module.train();
   zero_gradients(module);
+  if (parts.shards) parts.shards->zero_grad_range();
   std::vector<double> units = global_units(parts, batch, state.step);
   StepResult result;
   result.tally = parts.task.empty_tally();
@@ -115,8 +117,9 @@ StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch
   // The gradients are all-reduced, so every rank sees the same ones and takes
   // the same decision (local steps: each rank its own). fp16: an overflow skips the step and lowers the loss
   // scale. Otherwise a non-finite gradient is fatal: training has diverged.
-  if (state.scaler.unscale_and_update(module)) {
-    double norm = clip_gradients(module, parts.clip_norm);  // global: the gradients are reduced
+  GradientSet grads = parts.shards ? parts.shards->gradients() : module_gradients(module);
+  if (state.scaler.unscale_and_update(grads)) {
+    double norm = clip_gradients(grads, parts.clip_norm);  // global: the gradients are reduced
     COHORT_CHECK(std::isfinite(norm), Error, "step ", state.step, ": non-finite gradients (loss ",
                  result.loss, "); lower optim.lr or enable optim.clip-norm");
     set_lr(parts.optimizer, parts.schedule.at(state.step));

@@ -23,6 +23,7 @@ namespace cohort {
 
 class Comm;
 class GradSync;
+class ShardedOptimizer;
 class Task;
 struct TrainState;
 
@@ -37,6 +38,7 @@ struct StepParts {
   GradSync* grad_sync;
   torch::optim::Optimizer& optimizer;
   const LrSchedule& schedule;
+  ShardedOptimizer* shards = nullptr;  // dist.shard: `optimizer`, which may hold only its range's gradients
   Precision precision = Precision::kFp32;  // resolved: fp32, bf16 or fp16
   c10::Device device = c10::Device(c10::kCPU);
   double clip_norm = 0;

@@ -26,6 +26,7 @@
 #include "cohort/train/reporting.hpp"
 #include "cohort/train/run_dir.hpp"
 #include "cohort/train/runtime.hpp"
+#include "cohort/train/sharded_optim.hpp"
 #include "cohort/train/startup.hpp"
 #include "cohort/train/stop.hpp"
 #include "cohort/train/task.hpp"
@@ -50,6 +51,7 @@ struct Trainer::Parts {
   std::unique_ptr<GlobalOrder> order;
   int64_t total_steps = 0;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  ShardedOptimizer* shards = nullptr;  // dist.shard: `optimizer`, holding its range
   std::unique_ptr<ReplicaSync> replicas;  // dist.sync: gradient sums every step, or local steps
   LrSchedule schedule;
   std::unique_ptr<Balancer> balancer;
@@ -111,7 +113,8 @@ Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
   order = std::move(plan.order);
   total_steps = plan.total_steps;
   for (auto& note : plan.notes) run.notes.push_back(note);
-  optimizer = make_optimizer(cfg.optim, *task->module());
+  optimizer = make_step_optimizer(comm, cfg, *task->module());
+  shards = dynamic_cast<ShardedOptimizer*>(optimizer.get());
   schedule = LrSchedule::from(cfg.optim, total_steps);
   replicas = std::make_unique<ReplicaSync>(comm, *task->module(), *optimizer, cfg);
   if (const ResolvedCheckpoint* from = run.checkpoint()) {
@@ -218,6 +221,7 @@ void Trainer::Parts::begin() {
     reporter->message(line);
   }
   if (std::string sync = replicas->describe(); !sync.empty()) reporter->message(sync);
+  if (shards) reporter->message(shards->describe());
   log->interval().start = Clock::now();
   world_start_step = state.step;
   if (held()) log->begin(held()->first_step, held()->started);  // the summary and ETA count every world of this process
@@ -239,6 +243,7 @@ StepParts Trainer::Parts::step_parts() const {
   p.dropout_rng = cfg.model.dropout_rng;
   p.seed = cfg.train.seed;
   p.time_on_device = cfg.data.balance == Balance::kAuto;
+  p.shards = shards;
   p.at = run.at;
   return p;
 }

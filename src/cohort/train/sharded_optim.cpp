@@ -1,0 +1,329 @@
+#include "cohort/train/sharded_optim.hpp"
+
+#include <ATen/ops/_fused_adamw.h>
+
+#include <torch/serialize.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+
+#include "cohort/core/error.hpp"
+#include "cohort/core/format.hpp"
+#include "cohort/distributed/comm.hpp"
+#include "cohort/train/optim.hpp"
+
+namespace cohort {
+
+ShardedOptimizer::ShardedOptimizer(Comm& comm, torch::nn::Module& module, const Config& cfg)
+    : torch::optim::AdamW(adamw_groups(cfg.optim, module), adamw_options(cfg.optim)),
+      comm_(comm),
+      mode_(cfg.dist.shard),
+      kind_(cfg.optim.name),
+      module_(module) {
+  COHORT_CHECK(kind_ != OptimizerKind::kSgd, ConfigError, "dist.shard needs optim.name adamw or lamb");
+  std::vector<int64_t> numels;
+  for (auto& p : module.parameters()) {
+    if (!p.requires_grad()) continue;
+    params_.push_back(p);
+    numels.push_back(p.numel());
+  }
+  COHORT_CHECK(!params_.empty(), ConfigError, "dist.shard: the model has no trainable parameters");
+  layout_ = ShardLayout::make(numels, agree_shard_weights(comm, cfg.dist), static_cast<int>(cfg.dist.shard_replicas));
+  group_ = layout_.group_of(comm.rank());
+  starts_ = layout_.starts();
+  shard_grads_ = mode_ == ShardMode::kGradients && comm.size() > 1;
+  auto_weights_ = shard_weights(cfg.dist).empty();
+  steps_.assign(params_.size(), 0);
+
+  // The parameters become views into one flat buffer: a range is one
+  // contiguous piece of it.
+  torch::NoGradGuard no_grad;
+  flat_params_ = torch::empty({layout_.total()}, params_.front().options());
+  for (size_t k = 0; k < params_.size(); ++k) {
+    auto& p = params_[k];
+    COHORT_CHECK(p.dtype() == flat_params_.dtype() && p.device() == flat_params_.device(), ConfigError,
+                 "dist.shard: every trainable parameter must share one dtype and device");
+    auto view = flat_params_.narrow(0, starts_[k], p.numel());
+    view.copy_(p.reshape({-1}));
+    p.set_data(view.view(p.sizes()));
+  }
+  for (const auto& s : layout_.segments(lo(), hi())) {
+    segments_.push_back({s.param, s.offset, s.length, s.at, params_[s.param].dim() >= 2});
+  }
+  exp_avg_ = torch::zeros({hi() - lo()}, flat_params_.options());
+  exp_avg_sq_ = torch::zeros({hi() - lo()}, flat_params_.options());
+  if (shard_grads_) grad_ = torch::zeros({hi() - lo()}, flat_params_.options());
+}
+
+std::string ShardedOptimizer::describe() const {
+  std::vector<std::string> w;
+  for (double x : layout_.weights) w.push_back(strf("%g", x));
+  return "cohort: " + layout_.describe(name_of(mode_)) + "; weights " + detail::join(w, ",") +
+         (auto_weights_ ? " (auto: GiB of memory per rank)" : "");
+}
+
+torch::Tensor ShardedOptimizer::grad_of(const Segment& s) const {
+  if (shard_grads_) return grad_.narrow(0, s.at, s.length);
+  const auto& g = params_[s.param].grad();
+  return g.defined() ? g.reshape({-1}).narrow(0, s.offset, s.length) : torch::Tensor();
+}
+
+void ShardedOptimizer::add_reduced(const std::vector<size_t>& params, const torch::Tensor& flat) {
+  torch::NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (size_t k : params) {
+    int64_t start = starts_[k], n = params_[k].numel();
+    int64_t a = std::max(start, lo()), b = std::min(start + n, hi());
+    if (a < b) grad_.narrow(0, a - lo(), b - a).add_(flat.narrow(0, offset + (a - start), b - a));
+    offset += n;
+  }
+}
+
+GradientSet ShardedOptimizer::gradients() {
+  if (!shard_grads_) return module_gradients(module_);  // every rank holds every summed gradient
+  GradientSet g;
+  g.tensors = {grad_};
+  const bool counts = layout_.primary(comm_.rank());  // one copy of each range in the sum
+  g.pool = [this, counts](double sq) {
+    return comm_.all_reduce_sum(std::vector<double>{counts ? sq : 0.0}, "gradient norm")[0];
+  };
+  return g;
+}
+
+void ShardedOptimizer::zero_grad_range() {
+  if (shard_grads_) grad_.zero_();
+}
+
+torch::Tensor ShardedOptimizer::step(LossClosure closure) {
+  torch::Tensor loss;
+  if (closure) {
+    torch::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  torch::NoGradGuard no_grad;
+  consistent_ = false;
+  // A parameter's step counts when it has a gradient (GradSync gives every
+  // one a gradient on more than one rank), so the counts agree everywhere.
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (shard_grads_ || params_[k].grad().defined()) ++steps_[k];
+  }
+  if (kind_ == OptimizerKind::kLamb) lamb_step();
+  else adamw_step();
+  share_params();
+  consistent_ = true;
+  return loss;
+}
+
+// The fused kernel of FusedAdamW over the range's pieces of each group.
+void ShardedOptimizer::adamw_step() {
+  for (int g = 0; g < 2; ++g) {
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(param_groups_.at(g).options());
+    std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+    std::map<int64_t, torch::Tensor> step_tensors;
+    for (const auto& s : segments_) {
+      if (s.decay != (g == 0)) continue;
+      torch::Tensor grad = grad_of(s);
+      if (!grad.defined()) continue;
+      params.push_back(param_of(s));
+      grads.push_back(grad);
+      exp_avgs.push_back(exp_avg_.narrow(0, s.at, s.length));
+      exp_avg_sqs.push_back(exp_avg_sq_.narrow(0, s.at, s.length));
+      auto& step = step_tensors[steps_[s.param]];
+      if (!step.defined()) step = torch::full({}, static_cast<double>(steps_[s.param]), flat_params_.options());
+      steps.push_back(step);
+    }
+    if (params.empty()) continue;
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, o.lr(),
+                      std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(),
+                      /*amsgrad=*/false, /*maximize=*/false);
+  }
+}
+
+// Lamb::step over the range's pieces; each matrix's ||w|| and ||u|| are
+// summed over the groups' primaries first (one all-reduce).
+void ShardedOptimizer::lamb_step() {
+  const bool counts = layout_.primary(comm_.rank());
+  std::vector<double> sq(2 * params_.size(), 0.0);
+  std::vector<torch::Tensor> updates(segments_.size());
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    const auto& s = segments_[i];
+    torch::Tensor grad = grad_of(s);
+    if (!grad.defined()) continue;
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(param_groups_.at(s.decay ? 0 : 1).options());
+    double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+    double t = static_cast<double>(steps_[s.param]);
+    auto m = exp_avg_.narrow(0, s.at, s.length), v = exp_avg_sq_.narrow(0, s.at, s.length);
+    m.mul_(beta1).add_(grad, 1 - beta1);
+    v.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+    auto update = (m / (1 - std::pow(beta1, t))) / ((v / (1 - std::pow(beta2, t))).sqrt() + o.eps());
+    auto w = param_of(s);
+    if (o.weight_decay() != 0) {
+      update.add_(w, o.weight_decay());
+      if (counts) {
+        double wn = w.norm().item<double>(), un = update.norm().item<double>();
+        sq[2 * s.param] += wn * wn;
+        sq[2 * s.param + 1] += un * un;
+      }
+    }
+    updates[i] = update;
+  }
+  sq = comm_.all_reduce_sum(sq, "LAMB trust ratios");
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    if (!updates[i].defined()) continue;
+    const auto& s = segments_[i];
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(param_groups_.at(s.decay ? 0 : 1).options());
+    double ratio = 1.0;
+    if (o.weight_decay() != 0) {
+      double wn = std::sqrt(sq[2 * s.param]), un = std::sqrt(sq[2 * s.param + 1]);
+      if (wn > 0 && un > 0) ratio = wn / un;
+    }
+    param_of(s).add_(updates[i], -o.lr() * ratio);
+  }
+}
+
+// Every group's primary sends the range it updated.
+void ShardedOptimizer::share_params() {
+  if (comm_.size() == 1) return;
+  for (int g = 0; g < layout_.groups(); ++g) {
+    int64_t n = layout_.hi(g) - layout_.lo(g);
+    if (n == 0) continue;
+    torch::Tensor range = flat_params_.narrow(0, layout_.lo(g), n);
+    comm_.broadcast(range, /*root=*/g, "sharded parameter all-gather");
+  }
+}
+
+NamedTensors ShardedOptimizer::range_state() const {
+  return {{"exp_avg", exp_avg_.clone()},
+          {"exp_avg_sq", exp_avg_sq_.clone()},
+          {"steps", torch::tensor(steps_, torch::kInt64)},
+          {"range", torch::tensor(std::vector<int64_t>{lo(), hi()}, torch::kInt64)}};
+}
+
+void ShardedOptimizer::take(int64_t from, const torch::Tensor& exp_avg, const torch::Tensor& exp_avg_sq) {
+  int64_t a = std::max(from, lo()), b = std::min(from + exp_avg.numel(), hi());
+  if (a >= b) return;
+  torch::NoGradGuard no_grad;
+  exp_avg_.narrow(0, a - lo(), b - a).copy_(exp_avg.reshape({-1}).narrow(0, a - from, b - a));
+  exp_avg_sq_.narrow(0, a - lo(), b - a).copy_(exp_avg_sq.reshape({-1}).narrow(0, a - from, b - a));
+}
+
+void ShardedOptimizer::set_steps(const torch::Tensor& steps) {
+  COHORT_CHECK(steps.numel() == static_cast<int64_t>(steps_.size()), DataError, "sharded optimizer state has ",
+               steps.numel(), " step counts, the model ", steps_.size(), " trainable parameters");
+  auto s = steps.to(torch::kInt64).contiguous();
+  for (size_t k = 0; k < steps_.size(); ++k) steps_[k] = s.data_ptr<int64_t>()[k];
+}
+
+void ShardedOptimizer::take_whole(torch::optim::Optimizer& whole) {
+  torch::NoGradGuard no_grad;
+  auto& state = whole.state();
+  for (size_t k = 0; k < params_.size(); ++k) {
+    auto it = state.find(params_[k].unsafeGetTensorImpl());
+    if (it == state.end()) continue;  // never stepped
+    auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
+    steps_[k] = st.step();
+    take(starts_[k], st.exp_avg(), st.exp_avg_sq());
+  }
+}
+
+namespace {
+
+// One range file of a sharded checkpoint, checked against the record.
+struct RangeFile {
+  int64_t lo = 0, hi = 0;
+  torch::Tensor exp_avg, exp_avg_sq, steps;
+};
+
+RangeFile read_range(const ResolvedCheckpoint& from, int g) {
+  const std::string path = (std::filesystem::path(from.dir) / ShardRecord::file(g)).string();
+  SafetensorsFile f = load_safetensors(path);
+  RangeFile r{from.state.shard.bounds.at(g), from.state.shard.bounds.at(g + 1), {}, {}, {}};
+  for (const char* key : {"exp_avg", "exp_avg_sq", "steps"}) {
+    COHORT_CHECK(f.tensors.count(key), DataError, path, ": no tensor '", key, "'");
+  }
+  r.exp_avg = f.tensors.at("exp_avg");
+  r.exp_avg_sq = f.tensors.at("exp_avg_sq");
+  r.steps = f.tensors.at("steps");
+  COHORT_CHECK(r.exp_avg.numel() == r.hi - r.lo && r.exp_avg_sq.numel() == r.hi - r.lo, DataError, path, ": holds ",
+               r.exp_avg.numel(), " values, but state.json gives its range [", r.lo, ", ", r.hi, ")");
+  return r;
+}
+
+}  // namespace
+
+std::string load_optimizer_state(const ResolvedCheckpoint& from, torch::optim::Optimizer& optimizer,
+                                 torch::nn::Module& module) {
+  namespace fs = std::filesystem;
+  const ShardRecord& rec = from.state.shard;
+  auto* shards = dynamic_cast<ShardedOptimizer*>(&optimizer);
+  const std::string archive = (fs::path(from.dir) / "optimizer.pt").string();
+  if (!rec.sharded()) {
+    if (!shards) {
+      torch::load(optimizer, archive);
+      return "";
+    }
+    // A whole state: read it beside the parameters, keep this rank's range.
+    torch::optim::AdamW whole(optimizer.param_groups(), torch::optim::AdamWOptions());
+    torch::load(whole, archive);
+    shards->take_whole(whole);
+    return "dist.shard: the checkpoint's optimizer state was whole; this rank kept its range of it";
+  }
+  std::vector<torch::Tensor> params;
+  for (auto& p : module.parameters()) {
+    if (p.requires_grad()) params.push_back(p);
+  }
+  int64_t total = 0;
+  for (const auto& p : params) total += p.numel();
+  COHORT_CHECK(rec.bounds.back() == total, DataError, from.dir, ": its optimizer ranges cover ", rec.bounds.back(),
+               " parameters, this model has ", total);
+  if (shards) {
+    bool have_steps = false;  // the same in every file
+    for (int g = 0; g < rec.groups(); ++g) {
+      if (rec.bounds[g] >= shards->hi() || rec.bounds[g + 1] <= shards->lo()) continue;  // only what overlaps
+      RangeFile r = read_range(from, g);
+      shards->take(r.lo, r.exp_avg, r.exp_avg_sq);
+      shards->set_steps(r.steps);
+      have_steps = true;
+    }
+    if (!have_steps) shards->set_steps(read_range(from, 0).steps);
+    const ShardLayout& now = shards->layout();
+    if (now.bounds == rec.bounds && now.replicas == rec.replicas) return "";
+    return strf("dist.shard: re-sharded the optimizer state from %d range(s) to %d", rec.groups(), now.groups());
+  }
+  // An unsharded run: every range into the whole optimizer's state.
+  torch::NoGradGuard no_grad;
+  auto& state = optimizer.state();
+  std::vector<int64_t> starts(params.size(), 0);
+  for (size_t k = 1; k < params.size(); ++k) starts[k] = starts[k - 1] + params[k - 1].numel();
+  for (int g = 0; g < rec.groups(); ++g) {
+    RangeFile r = read_range(from, g);
+    auto steps = r.steps.to(torch::kInt64).contiguous();
+    COHORT_CHECK(steps.numel() == static_cast<int64_t>(params.size()), DataError, from.dir, "/",
+                 ShardRecord::file(g), ": ", steps.numel(), " step counts for ", params.size(), " parameters");
+    for (size_t k = 0; k < params.size(); ++k) {
+      int64_t a = std::max(starts[k], r.lo), b = std::min(starts[k] + params[k].numel(), r.hi);
+      if (a >= b || steps.data_ptr<int64_t>()[k] == 0) continue;
+      void* key = params[k].unsafeGetTensorImpl();
+      auto it = state.find(key);
+      if (it == state.end()) {
+        auto st = std::make_unique<torch::optim::AdamWParamState>();
+        st->exp_avg(torch::zeros_like(params[k]));
+        st->exp_avg_sq(torch::zeros_like(params[k]));
+        st->step(steps.data_ptr<int64_t>()[k]);
+        it = state.emplace(key, std::move(st)).first;
+      }
+      auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      st.exp_avg().view({-1}).narrow(0, a - starts[k], b - a).copy_(r.exp_avg.narrow(0, a - r.lo, b - a));
+      st.exp_avg_sq().view({-1}).narrow(0, a - starts[k], b - a).copy_(r.exp_avg_sq.narrow(0, a - r.lo, b - a));
+    }
+  }
+  return strf("dist.shard: joined the checkpoint's %d optimizer range(s) into one whole state", rec.groups());
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_step_optimizer(Comm& comm, const Config& cfg, torch::nn::Module& module) {
+  if (cfg.dist.shard == ShardMode::kNone) return make_optimizer(cfg.optim, module);
+  return std::make_unique<ShardedOptimizer>(comm, module, cfg);
+}
+
+}  // namespace cohort

@@ -1,0 +1,116 @@
+// defines: ShardedOptimizer, make_step_optimizer
+//
+// dist.shard (ZeRO stages 1 and 2, in uneven pieces): every rank keeps the
+// AdamW or LAMB moments of its group's range of the flat parameters
+// (distributed/shard_layout.hpp) and updates only that range; then each
+// group's primary broadcasts the range it updated, so every rank holds every
+// parameter again. The parameters are views into one flat buffer, so a range
+// goes on the wire in place. `optimizer` mode reads its range out of the
+// whole gradients GradSync summed; `gradients` mode is GradSync's sink and
+// keeps only its range's sums.
+//
+// The math is the unsharded optimizer's: AdamW's update is elementwise (the
+// same fused kernel), and LAMB's per-tensor norms and clipping's global norm
+// sum partial squares over the groups' primaries.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/adamw.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cohort/ckpt/checkpoint.hpp"
+#include "cohort/ckpt/safetensors.hpp"
+#include "cohort/config/config.hpp"
+#include "cohort/distributed/grad_sync.hpp"
+#include "cohort/distributed/shard_layout.hpp"
+#include "cohort/train/precision.hpp"
+
+namespace cohort {
+
+class Comm;
+
+class ShardedOptimizer : public torch::optim::AdamW, public GradShardSink {
+ public:
+  // Collective: agrees the weights (dist.shard-weights) and the layout.
+  ShardedOptimizer(Comm& comm, torch::nn::Module& module, const Config& cfg);
+
+  torch::Tensor step(LossClosure closure = nullptr) override;
+
+  // GradSync's sink in gradients mode on more than one rank; null otherwise.
+  GradShardSink* sink() { return shard_grads_ ? this : nullptr; }
+  void add_reduced(const std::vector<size_t>& params, const torch::Tensor& flat) override;
+  // The gradients this step applies, as this rank holds them.
+  GradientSet gradients();
+  // Before each step's first backward.
+  void zero_grad_range();
+
+  const ShardLayout& layout() const { return layout_; }
+  ShardMode mode() const { return mode_; }
+  int group() const { return group_; }
+  int64_t lo() const { return layout_.lo(group_); }
+  int64_t hi() const { return layout_.hi(group_); }
+  // False while a step's update is applied but not yet shared: a world that
+  // ends then cannot go on from this rank's memory.
+  bool consistent() const { return consistent_; }
+  torch::TensorOptions state_options() const { return exp_avg_.options(); }
+
+  // This rank's moments over [lo, hi), flat, and each parameter's step count
+  // ("exp_avg", "exp_avg_sq", "steps").
+  NamedTensors range_state() const;
+  // Takes the part of moments over [from, from + n) that lies in this
+  // rank's range; `steps` per parameter (the same on every rank).
+  void take(int64_t from, const torch::Tensor& exp_avg, const torch::Tensor& exp_avg_sq);
+  void set_steps(const torch::Tensor& steps);
+  // From a whole optimizer's state over the same parameters (an unsharded
+  // checkpoint): its range and the step counts.
+  void take_whole(torch::optim::Optimizer& whole);
+  // The start-up line: the layout and what this rank holds.
+  std::string describe() const;
+
+ private:
+  struct Segment {
+    size_t param;
+    int64_t offset, length, at;
+    bool decay;
+  };
+  void share_params();
+  void adamw_step();
+  void lamb_step();
+  torch::Tensor grad_of(const Segment& s) const;
+  torch::Tensor param_of(const Segment& s) const { return flat_params_.narrow(0, starts_[s.param] + s.offset, s.length); }
+
+  Comm& comm_;
+  ShardMode mode_;
+  OptimizerKind kind_;
+  ShardLayout layout_;
+  int group_ = 0;
+  bool shard_grads_ = false;
+  bool auto_weights_ = false;  // dist.shard-weights = auto: by free memory
+  bool consistent_ = true;
+  std::vector<torch::Tensor> params_;  // trainable, registration order: the flat order
+  std::vector<int64_t> starts_;
+  torch::Tensor flat_params_;
+  std::vector<Segment> segments_;      // this rank's range
+  torch::Tensor exp_avg_, exp_avg_sq_;  // over the range
+  torch::Tensor grad_;                 // gradients mode: the range's summed gradients
+  std::vector<int64_t> steps_;         // per parameter, as libtorch's AdamW counts them (the same on every rank)
+  torch::nn::Module& module_;
+};
+
+// A checkpoint's optimizer state into `optimizer`, whichever of the two
+// wrote it and whichever reads it: whole (optimizer.pt) or in ranges
+// (optimizer.shard-G.safetensors, any world size and weights). A sharded
+// reader loads only the files that overlap its range. Returns a note when
+// the layout changed, else "".
+std::string load_optimizer_state(const ResolvedCheckpoint& from, torch::optim::Optimizer& optimizer,
+                                 torch::nn::Module& module);
+
+// The trainer's optimizer: make_optimizer's, or a ShardedOptimizer when
+// dist.shard is on.
+std::unique_ptr<torch::optim::Optimizer> make_step_optimizer(Comm& comm, const Config& cfg, torch::nn::Module& module);
+
+}  // namespace cohort
