@@ -242,3 +242,69 @@ TEST(GradSync, MlpGradientsMatchFlat) {
     for (auto& p : net->parameters()) EXPECT_TRUE(torch::equal(bucketed[k++], p.grad()));
   });
 }
+
+// dist.shard = gradients: no gradient stays on the parameters; the sink
+// gets every bucket's sum, once per micro-batch (accumulated there), with
+// zeros for a parameter that got no gradient, and many small buckets pass
+// the one-bucket-in-flight limit without a hang.
+struct SumSink : GradShardSink {
+  explicit SumSink(const std::vector<int64_t>& numels) {
+    for (auto n : numels) sums.push_back(torch::zeros({n}));
+  }
+  void add_reduced(const std::vector<size_t>& params, const torch::Tensor& flat) override {
+    int64_t offset = 0;
+    for (size_t k : params) {
+      sums[k].add_(flat.narrow(0, offset, sums[k].numel()));
+      offset += sums[k].numel();
+    }
+  }
+  std::vector<torch::Tensor> sums;
+};
+
+TEST(GradSync, SinkGetsEverySumAndNoGradientStays) {
+  spawn_world(3, [&](Comm& comm) {
+    int rank = comm.rank();
+    torch::manual_seed(0);
+    torch::nn::Sequential net(torch::nn::Linear(16, 64), torch::nn::ReLU(), torch::nn::Linear(64, 64),
+                              torch::nn::ReLU(), torch::nn::Linear(64, 3));
+    net->register_parameter("unused", torch::ones({5}));
+    std::vector<int64_t> numels;
+    for (auto& p : net->parameters()) numels.push_back(p.numel());
+    SumSink sink(numels);
+    GradSyncOptions o;
+    o.bucket_cap_bytes = 2 << 10;
+    o.first_bucket_bytes = 1 << 10;
+    o.sink = &sink;
+    GradSync sync(comm, *net, o);
+    EXPECT_GT(sync.buckets().size(), 4u);
+    auto gen = torch::Generator(at::detail::createCPUGenerator(100 + rank));
+    auto x1 = torch::randn({8, 16}, gen), x2 = torch::randn({4, 16}, gen);
+    for (const auto& x : {x1, x2}) {  // two micro-batches: each reduced, summed in the sink
+      sync.prepare(/*sync=*/false);
+      net->forward(x).pow(2).sum().backward();
+      for (auto& p : net->parameters()) EXPECT_FALSE(p.grad().defined());
+    }
+    sync.finalize();
+    // The reference: both micro-batches accumulated, one flat all-reduce.
+    torch::nn::Sequential ref(torch::nn::Linear(16, 64), torch::nn::ReLU(), torch::nn::Linear(64, 64),
+                              torch::nn::ReLU(), torch::nn::Linear(64, 3));
+    ref->register_parameter("unused", torch::ones({5}));
+    {
+      torch::NoGradGuard no_grad;
+      auto a = net->parameters(), b = ref->parameters();
+      for (size_t k = 0; k < a.size(); ++k) b[k].copy_(a[k]);
+    }
+    for (const auto& x : {x1, x2}) ref->forward(x).pow(2).sum().backward();
+    all_reduce_gradients(comm, *ref);
+    auto b = ref->parameters();
+    for (size_t k = 0; k < b.size(); ++k) {
+      EXPECT_TRUE(torch::allclose(sink.sums[k], b[k].grad().reshape({-1}), 1e-5, 1e-6)) << "parameter " << k;
+    }
+    size_t unused_at = 0;  // a module's own parameters come before its children's
+    for (const auto& item : net->named_parameters()) {
+      if (item.key() == "unused") break;
+      ++unused_at;
+    }
+    EXPECT_TRUE(torch::equal(sink.sums.at(unused_at), torch::zeros({5})));
+  });
+}

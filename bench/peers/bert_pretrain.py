@@ -24,7 +24,9 @@ one in each network namespace): --rank R --ranks N --master ADDR:PORT. Then
 --hook powersgd [--powersgd-rank r] registers DDP's powerSGD_hook (from the
 second step: start_powerSGD_iter 2, the least PyTorch accepts; with one
 gradient bucket, the only way it runs on Gloo, see worker()), and
---eval-every K --eval-rows E scores the first E rows of DIR/valid every K
+--optimizer zero takes PyTorch's ZeroRedundancyOptimizer over AdamW, and
+--report-memory has every rank print {"rank": r, "peak_rss_mb": ...}
+(bench/shard_memory.py). --eval-every K --eval-rows E scores the first E rows of DIR/valid every K
 steps (the same sums Cohort's eval loss is: MLM loss per prediction plus NSP
 loss per sample) and prints a JSON line per evaluation:
 {"step": S, "train_s": seconds of training so far, "loss": ...}.
@@ -254,7 +256,7 @@ def worker(rank, args, out):
             dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 31
             model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=2048)
         else:
-            model = nn.parallel.DistributedDataParallel(model)
+            model = nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=args.optimizer != "adamw")
         if args.hook == "powersgd":
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
             state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=args.powersgd_rank,
@@ -263,8 +265,15 @@ def worker(rank, args, out):
     evals = valid_batches(args) if args.eval_every else []
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, eps=1e-6)
+    groups = [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}]
+    if args.optimizer == "zero":  # ZeRO stage 1: each rank keeps AdamW's state of its share of the parameters
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(decay, optimizer_class=torch.optim.AdamW, lr=args.lr, eps=1e-6, weight_decay=0.01)
+        opt.add_param_group({"params": no_decay, "weight_decay": 0.0})
+    elif args.optimizer == "sgd":  # no optimizer state: the memory baseline
+        opt = torch.optim.SGD(groups, lr=args.lr)
+    else:
+        opt = torch.optim.AdamW(groups, lr=args.lr, eps=1e-6)
     batches = shard_batches(args, rank) if args.data else synthetic_batches(args, rank)
     times, tokens = [], []
     for step in range(1, args.steps + 1):
@@ -284,6 +293,10 @@ def worker(rank, args, out):
         tokens.append(int(batch[2].sum()))
         if args.eval_every and (step % args.eval_every == 0 or step == args.steps) and rank == 0:
             print(json.dumps({"step": step, "train_s": sum(times), "loss": evaluate(plain, evals)}), flush=True)
+    if args.report_memory:  # this rank's peak resident memory, before anything is torn down
+        import resource
+        print(json.dumps({"rank": rank, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}),
+              flush=True)
     # Steady state: drop the first quarter; the rate over what remains, with
     # every rank's real tokens (ranks hold different rows) over rank 0's time.
     k = args.steps // 4
@@ -327,6 +340,10 @@ def main():
     ap.add_argument("--ids", default="", help='JSON {"steps": [[rank 0 ids, rank 1 ids, ...], ...]}: the rows '
                     "each rank reads at each step (Cohort's dealing, from log.sample-ids)")
     ap.add_argument("--eval-rows", type=int, default=512)
+    ap.add_argument("--optimizer", choices=["adamw", "zero", "sgd"], default="adamw",
+                    help="zero: ZeroRedundancyOptimizer over AdamW; sgd: no state (a memory baseline); zero and sgd "
+                    "use DDP's gradient_as_bucket_view (one copy of the gradients)")
+    ap.add_argument("--report-memory", action="store_true", help="each rank prints its peak RSS after the steps")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="one rank only on cuda")
     args = ap.parse_args()
     ctx = mp.get_context("spawn")

@@ -89,6 +89,14 @@ GradSync::GradSync(Comm& comm, torch::nn::Module& module, GradSyncOptions opts) 
     bucket_of_[k] = buckets_.size() - 1;
     filled += bytes;
   }
+  bucket_numel_.assign(buckets_.size(), 0);
+  offset_in_bucket_.assign(params_.size(), 0);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    for (size_t k : buckets_[b]) {
+      offset_in_bucket_[k] = bucket_numel_[b];
+      bucket_numel_[b] += params_[k].numel();
+    }
+  }
   if (comm_.size() == 1) return;  // nothing to reduce: no hooks, no views
   torch::NoGradGuard no_grad;
   for (const auto& bucket : opts_.sink ? std::vector<std::vector<size_t>>{} : buckets_) {
@@ -235,26 +243,24 @@ void GradSync::prepare(bool sync) {
 }
 
 void GradSync::mark_ready(size_t param) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (!sync_) return;
   size_t b = bucket_of_[param];
   if (waiting_[b] == 0) return;  // already counted this step
+  if (opts_.sink) take_grad(param);
   --waiting_[b];
   // Launch strictly in bucket order, so all ranks agree on the sequence.
-  while (next_launch_ < buckets_.size() && waiting_[next_launch_] == 0) launch(next_launch_++);
+  while (next_launch_ < buckets_.size() && waiting_[next_launch_] == 0) launch(next_launch_++, lock);
 }
 
-void GradSync::launch(size_t b) {
-  if (opts_.sink) {  // into one wire buffer; the gradients go
-    torch::NoGradGuard no_grad;
-    std::vector<torch::Tensor> parts;
-    for (size_t k : buckets_[b]) {
-      auto& p = params_[k];
-      parts.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}, p.options()));
-    }
-    wire_[b] = torch::cat(parts);
-    parts.clear();
-    for (size_t k : buckets_[b]) params_[k].mutable_grad() = torch::Tensor();
+void GradSync::launch(size_t b, std::unique_lock<std::mutex>& lock) {
+  if (opts_.sink) {  // the gradients are in the wire buffer already (mark_ready)
+    // At most kSinkInFlight buckets are with the worker: when the network
+    // (or a CPU shared with backward) is slower than backward, backward
+    // waits here rather than keep every gradient of the model alive.
+    work_cv_.wait(lock, [&] { return b < reduced_ + kSinkInFlight; });
+    for (size_t k : buckets_[b]) take_grad(k);  // a gradient no hook saw: none, or set by hand
+    if (!wire_[b].defined()) wire_[b] = torch::zeros({bucket_numel_[b]}, params_[buckets_[b].front()].options());
     ++collectives_;
     queue_.push_back(b);
     work_cv_.notify_all();
@@ -288,6 +294,22 @@ void GradSync::launch(size_t b) {
   pending_.push_back(comm_.all_reduce_sum_async(wire_[b], "gradient all-reduce"));
 }
 
+// sink: `param`'s gradient into its bucket's wire buffer (made at the
+// bucket's first gradient, zeros where none comes), and freed.
+void GradSync::take_grad(size_t param) {
+  auto& p = params_[param];
+  if (!p.grad().defined()) return;
+  torch::NoGradGuard no_grad;
+  size_t b = bucket_of_[param];
+  if (buckets_[b].size() == 1) {
+    wire_[b] = p.grad().reshape({-1});  // a bucket of its own (the embeddings): no copy
+  } else {
+    if (!wire_[b].defined()) wire_[b] = torch::zeros({bucket_numel_[b]}, p.options());
+    wire_[b].narrow(0, offset_in_bucket_[param], p.numel()).copy_(p.grad().reshape({-1}));
+  }
+  p.mutable_grad() = torch::Tensor();
+}
+
 void GradSync::finalize() {
   std::unique_lock<std::mutex> lock(mu_);
   drain(lock);
@@ -297,7 +319,7 @@ void GradSync::drain(std::unique_lock<std::mutex>& lock) {
   if (!sync_) return;
   while (next_launch_ < buckets_.size()) {
     waiting_[next_launch_] = 0;
-    launch(next_launch_++);
+    launch(next_launch_++, lock);
   }
   sync_ = false;
   if (!powersgd_.empty() || opts_.sink) {

@@ -79,12 +79,12 @@ GradSyncOptions grad_sync_options(const DistOptions& dist, uint64_t seed);
 // goes on; finalize() waits for it and rethrows its error.
 //
 // With a GradShardSink (dist.shard = gradients) there are no bucket buffers:
-// backward fills each parameter's .grad as usual, and a ready bucket's
-// gradients are copied into one wire buffer and freed; the worker sums it
+// backward fills each parameter's .grad as usual, and its hook copies it
+// into its bucket's wire buffer and frees it; the worker sums a full bucket
 // (an all-reduce: c10d's Gloo reduce-scatter takes equal pieces, the ranges
 // are not) and hands it to the sink, which keeps its range. Every
-// micro-batch is reduced this way, so no whole-model gradient outlives the
-// buckets in flight.
+// micro-batch is reduced this way, and backward waits while a bucket is in
+// flight, so no more than that one and the one filling are alive.
 class GradSync {
  public:
   GradSync(Comm& comm, torch::nn::Module& module, GradSyncOptions opts = {});
@@ -123,9 +123,11 @@ class GradSync {
  private:
   struct Hook;
   void mark_ready(size_t param);
-  void launch(size_t bucket);
+  void launch(size_t bucket, std::unique_lock<std::mutex>& lock);
+  static constexpr size_t kSinkInFlight = 1;  // sink: buckets handed to the worker and not yet reduced
   void work();
   void drain(std::unique_lock<std::mutex>& lock);
+  void take_grad(size_t param);
   std::vector<torch::Tensor> bucket_grads(size_t bucket) const;
 
   Comm& comm_;
@@ -135,6 +137,8 @@ class GradSync {
   std::vector<uintptr_t> hook_keys_;
   std::vector<std::vector<size_t>> buckets_;
   std::vector<size_t> bucket_of_;
+  std::vector<int64_t> bucket_numel_;      // elements per bucket
+  std::vector<int64_t> offset_in_bucket_;  // per parameter
 
   std::mutex mu_;
   bool sync_ = false;

@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <filesystem>
+
+#include <malloc.h>
 #include <map>
 
 #include "cohort/core/error.hpp"
@@ -48,6 +50,7 @@ ShardedOptimizer::ShardedOptimizer(Comm& comm, torch::nn::Module& module, const 
     view.copy_(p.reshape({-1}));
     p.set_data(view.view(p.sizes()));
   }
+  malloc_trim(0);  // the parameters' old pages go back to the system, not into the heap's free lists
   for (const auto& s : layout_.segments(lo(), hi())) {
     segments_.push_back({s.param, s.offset, s.length, s.at, params_[s.param].dim() >= 2});
   }
