@@ -102,8 +102,9 @@ TEST_P(ShardMath, SameLossPerStepAsUnsharded) {
       {"opt2", "--nproc-per-node 2 --dist.shard optimizer --dist.shard-weights 2,1"},
       {"grad2", "--nproc-per-node 2 --dist.shard gradients --dist.shard-weights 1,3"},
       {"none3", "--nproc-per-node 3 --optim.accum-steps 2"},
+      // Shares 3, 6, 3 in micro-batches of at most 2: 2, 3 and 2 rounds of sums (padded to 3 everywhere).
       {"grad3", "--nproc-per-node 3 --optim.accum-steps 2 --dist.shard gradients --data.balance weights "
-                "--data.balance-weights 1,2,1"},
+                "--data.balance-weights 1,2,1 --data.max-micro-batch 2"},
   };
   for (const auto& c : cases) {
     auto r = run_cohort(shard_args(tmp, c.args + optim + " --out " + (tmp / c.name)));
@@ -142,6 +143,7 @@ TEST(Shard, CheckpointsReshardAtAnyWorldSizeAndMode) {
   const std::string ckpt = tmp / "sharded/checkpoints/step-20";
   auto state = nlohmann::json::parse(cohort::test::read_file(ckpt + "/state.json"));
   ASSERT_TRUE(state.contains("shard")) << state.dump();
+  EXPECT_EQ(state["format_version"], 3);  // a cohort that cannot read ranges refuses it
   EXPECT_EQ(state["shard"]["mode"], "gradients");
   auto bounds = state["shard"]["bounds"].get<std::vector<int64_t>>();
   ASSERT_EQ(bounds.size(), 3u);
@@ -192,6 +194,7 @@ TEST(Shard, BadSettingsAreConfigErrors) {
       {"--dist.shard optimizer --dist.shard-replicas 3", "dist.shard-replicas"},
       {"--dist.shard optimizer --dist.sync local", "needs dist.sync = step"},
       {"--dist.shard optimizer --dist.grad-compression powersgd", "powersgd"},
+      {"--dist.shard gradients --dist.grad-compression bf16", "is not applied by dist.shard = gradients"},
       {"--dist.shard sideways", "sideways"},
   };
   for (const auto& b : bad) {

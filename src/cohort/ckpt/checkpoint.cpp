@@ -103,7 +103,8 @@ std::string Checkpoints::write(const CheckpointState& state, const NamedTensors&
     save_safetensors((tmp / "rng.safetensors").string(), rng);
     write_file_durably((tmp / "config.toml").string(), {config_toml});
 
-    nlohmann::json manifest = {{"format_version", CheckpointState::kFormatVersion},
+    nlohmann::json manifest = {{"format_version", state.shard.sharded() ? CheckpointState::kShardedFormatVersion
+                                                                         : CheckpointState::kFormatVersion},
                                {"step", state.step},
                                {"epoch", state.cursor.epoch},
                                {"consumed", state.cursor.consumed},
@@ -196,8 +197,12 @@ CheckpointState Checkpoints::verify(const std::string& dir) {
       return json_int(m.at(key), detail::cat(file, ": field '", key, "'"), lo, hi);
     };
     int version = static_cast<int>(field("format_version", 0, 1 << 20));
-    COHORT_CHECK(version == CheckpointState::kFormatVersion || version == 1, DataError, (d / "state.json").string(),
-                 ": format version ", version, ", this cohort reads versions 1 and ", CheckpointState::kFormatVersion);
+    COHORT_CHECK(version >= 1 && version <= CheckpointState::kShardedFormatVersion, DataError,
+                 (d / "state.json").string(), ": format version ", version, ", this cohort reads versions 1 to ",
+                 CheckpointState::kShardedFormatVersion);
+    COHORT_CHECK((version == CheckpointState::kShardedFormatVersion) == m.contains("shard"), DataError,
+                 (d / "state.json").string(), ": format version ", version,
+                 m.contains("shard") ? " with" : " without", " optimizer ranges (\"shard\")");
     if (version >= 2) {
       // The step and cursor decide what is trained next: a changed bit there
       // would resume silently at the wrong place. (Version 1 had no checksum.)

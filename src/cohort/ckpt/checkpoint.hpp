@@ -45,6 +45,9 @@ struct ShardRecord {
 
 struct CheckpointState {
   static constexpr int kFormatVersion = 2;  // 2: state.json carries its own checksum
+  // 3: the optimizer state is in ranges (dist.shard), which an older cohort
+  // would not see: it refuses the version instead.
+  static constexpr int kShardedFormatVersion = 3;
   int64_t step = 0;
   Cursor cursor;
   int64_t samples_seen = 0;

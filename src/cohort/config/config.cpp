@@ -841,6 +841,9 @@ void validate(const Config& c) {
   require(c.dist.shard == ShardMode::kNone || c.dist.grad_compression != Compression::kPowerSgd, "dist.shard",
           name_of(c.dist.shard), "cannot be combined with dist.grad-compression = powersgd (its error feedback is "
           "a whole-model remainder per rank)");
+  require(c.dist.shard != ShardMode::kGradients || c.dist.grad_compression == Compression::kNone,
+          "dist.grad-compression", name_of(c.dist.grad_compression), "is not applied by dist.shard = gradients "
+          "(its sums stay fp32): use none, or dist.shard = optimizer");
   require(std::isfinite(c.optim.outer_lr) && c.optim.outer_lr > 0, "optim.outer-lr", c.optim.outer_lr,
           "must be finite and > 0");
   require(c.optim.outer_momentum >= 0 && c.optim.outer_momentum < 1, "optim.outer-momentum", c.optim.outer_momentum,

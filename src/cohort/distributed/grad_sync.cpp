@@ -62,7 +62,8 @@ struct GradSync::Hook : torch::autograd::FunctionPostHook {
   size_t param;
 };
 
-GradSync::GradSync(Comm& comm, torch::nn::Module& module, GradSyncOptions opts) : comm_(comm), opts_(opts) {
+GradSync::GradSync(Comm& comm, torch::nn::Module& module, GradSyncOptions opts)
+    : comm_(comm), comm_size_(comm.size()), opts_(opts) {
   COHORT_CHECK(opts_.bucket_cap_bytes > 0, ConfigError, "dist.bucket-cap-mb must be > 0");
   for (auto& item : module.named_parameters()) {
     if (!item.value().requires_grad()) continue;

@@ -100,6 +100,9 @@ class GradSync {
   // writes the summed gradients back into every parameter's .grad.
   void finalize();
 
+  // dist.shard = gradients: every micro-batch's prepare() starts a round of
+  // sums, so every rank must run as many rounds (empty ones included).
+  bool reduces_every_micro_batch() const { return opts_.sink != nullptr && comm_size_ > 1; }
   int64_t collectives_issued() const { return collectives_; }
   // Buckets already launched this step (by hooks, during backward).
   size_t launched() const { return next_launch_; }
@@ -131,6 +134,7 @@ class GradSync {
   std::vector<torch::Tensor> bucket_grads(size_t bucket) const;
 
   Comm& comm_;
+  int comm_size_ = 1;
   GradSyncOptions opts_;
   std::vector<torch::Tensor> params_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep alive: tensors hold weak refs

@@ -119,8 +119,7 @@ std::vector<double> agree_shard_weights(Comm& comm, const DistOptions& dist) {
   if (!given.empty()) {
     COHORT_CHECK(static_cast<int>(given.size()) == comm.size(), ConfigError, "dist.shard-weights gives ",
                  given.size(), " weight(s) ('", dist.shard_weights, "') but the world has ", comm.size(),
-                 " rank(s): give one per rank, or auto (a resume at another world size keeps the checkpoint's weights "
-                 "unless given new ones)");
+                 " rank(s): give one per rank, or auto (on a resume at another world size, give new weights or auto)");
     return given;
   }
   std::vector<double> mine(comm.size(), 0.0);

@@ -42,7 +42,10 @@ torch::Tensor named(const NamedTensors& ts, const std::string& name) {
 // overlaps it. ShardsLost when the ranges held at `step` leave a gap.
 std::string reshard_from_memory(Comm& comm, const Handover* held, int64_t step, ShardedOptimizer& shards) {
   const int n = comm.size();
-  std::vector<double> offers(3 * n, 0.0);
+  // Every rank takes rank 0's model: a rank 0 that ended mid-update (its
+  // range of step+1, the rest of step) hands over no range either.
+  std::vector<double> offers(3 * n + 1, 0.0);
+  if (comm.world().is_main() && held && !held->shard.empty()) offers[3 * n] = 1;
   if (held && held->state.step == step && !held->shard.empty()) {
     auto range = named(held->shard, "range").contiguous();
     offers[3 * comm.rank()] = static_cast<double>(range.data_ptr<int64_t>()[0]);
@@ -63,16 +66,24 @@ std::string reshard_from_memory(Comm& comm, const Handover* held, int64_t step, 
     if (!seen) ranges.push_back(h);
   }
   std::sort(ranges.begin(), ranges.end(), [](const Held& a, const Held& b) { return a.lo < b.lo; });
-  int64_t covered = 0;
+  if (offers[3 * n] == 0) {
+    throw ShardsLost("dist.shard: the new world's rank 0 was applying a step's update when the world ended, so its "
+                     "model mixes two steps");
+  }
+  int64_t covered = 0, gap_end = -1;
+  const int64_t total = shards.layout().total();
   for (const auto& h : ranges) {
-    if (h.lo > covered) break;
+    if (h.lo > covered) {
+      gap_end = h.lo;
+      break;
+    }
     covered = std::max(covered, h.hi);
   }
-  const int64_t total = shards.layout().total();
-  if (ranges.empty() || covered < total) {
-    throw ShardsLost(strf("dist.shard: elements [%lld, %lld) of the optimizer state were held only by the lost "
-                          "rank(s) (dist.shard-replicas = %d)", static_cast<long long>(covered),
-                          static_cast<long long>(total), shards.layout().replicas));
+  if (covered < total) {
+    throw ShardsLost(strf("dist.shard: elements [%lld, %lld) of the optimizer state (of %lld) were held only by the "
+                          "lost rank(s) (dist.shard-replicas = %d)", static_cast<long long>(covered),
+                          static_cast<long long>(gap_end < 0 ? total : gap_end), static_cast<long long>(total),
+                          shards.layout().replicas));
   }
   torch::NoGradGuard no_grad;
   constexpr int64_t kPiece = 1 << 22;  // floats per broadcast: what a rank holds beyond its range
@@ -139,6 +150,9 @@ RunSummary train_elastic(const Config& cfg, Membership& membership, const RunOpt
   COHORT_CHECK(cfg.data.balance != Balance::kWeights, ConfigError,
                "data.balance = weights gives one weight per rank, but an elastic world's ranks change; use auto "
                "(measured speeds) or equal with --min-nodes");
+  COHORT_CHECK(cfg.dist.shard == ShardMode::kNone || shard_weights(cfg.dist).empty(), ConfigError,
+               "dist.shard-weights '", cfg.dist.shard_weights, "' gives one weight per rank, but an elastic world's "
+               "ranks change; use auto (each rank's free memory) with --min-nodes");
   bool started = false;  // a trainer ran in this process
   for (;;) {
     std::unique_ptr<Comm> comm;
@@ -219,7 +233,7 @@ std::shared_ptr<Handover> capture_handover(torch::nn::Module& module, torch::opt
   torch::save(optimizer, os);
   h->optimizer = os.str();
   if (auto* shards = dynamic_cast<ShardedOptimizer*>(&optimizer); shards && shards->consistent()) {
-    h->shard = shards->range_state();
+    for (auto& [name, t] : shards->range_state()) h->shard.emplace_back(name, t.clone());
   }
   if (state.scaler.enabled()) h->scaler = state.scaler.state().clone();
   return h;

@@ -197,8 +197,8 @@ void ShardedOptimizer::share_params() {
 }
 
 NamedTensors ShardedOptimizer::range_state() const {
-  return {{"exp_avg", exp_avg_.clone()},
-          {"exp_avg_sq", exp_avg_sq_.clone()},
+  return {{"exp_avg", exp_avg_},
+          {"exp_avg_sq", exp_avg_sq_},
           {"steps", torch::tensor(steps_, torch::kInt64)},
           {"range", torch::tensor(std::vector<int64_t>{lo(), hi()}, torch::kInt64)}};
 }
@@ -270,6 +270,9 @@ std::string load_optimizer_state(const ResolvedCheckpoint& from, torch::optim::O
     torch::optim::AdamW whole(optimizer.param_groups(), torch::optim::AdamWOptions());
     torch::load(whole, archive);
     shards->take_whole(whole);
+    for (size_t g = 0; g < whole.param_groups().size(); ++g) {  // its options, as a whole reader takes them
+      optimizer.param_groups().at(g).set_options(whole.param_groups()[g].options().clone());
+    }
     return "dist.shard: the checkpoint's optimizer state was whole; this rank kept its range of it";
   }
   std::vector<torch::Tensor> params;
@@ -281,6 +284,7 @@ std::string load_optimizer_state(const ResolvedCheckpoint& from, torch::optim::O
   COHORT_CHECK(rec.bounds.back() == total, DataError, from.dir, ": its optimizer ranges cover ", rec.bounds.back(),
                " parameters, this model has ", total);
   if (shards) {
+    torch::load(optimizer, archive);  // the options only: a sharded optimizer's archive holds no state
     bool have_steps = false;  // the same in every file
     for (int g = 0; g < rec.groups(); ++g) {
       if (rec.bounds[g] >= shards->hi() || rec.bounds[g + 1] <= shards->lo()) continue;  // only what overlaps

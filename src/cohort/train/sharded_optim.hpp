@@ -58,8 +58,9 @@ class ShardedOptimizer : public torch::optim::AdamW, public GradShardSink {
   bool consistent() const { return consistent_; }
   torch::TensorOptions state_options() const { return exp_avg_.options(); }
 
-  // This rank's moments over [lo, hi), flat, and each parameter's step count
-  // ("exp_avg", "exp_avg_sq", "steps").
+  // This rank's moments over [lo, hi), flat (the live tensors, not copies),
+  // each parameter's step count and the range ("exp_avg", "exp_avg_sq",
+  // "steps", "range").
   NamedTensors range_state() const;
   // Takes the part of moments over [from, from + n) that lies in this
   // rank's range; `steps` per parameter (the same on every rank).

@@ -2,6 +2,7 @@
 
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <optional>
 
 #include "cohort/core/error.hpp"
@@ -66,6 +67,18 @@ std::vector<double> global_units(const StepParts& parts, const StepBatch& batch,
   return units;
 }
 
+// How many micro-batch rounds this step runs: this rank's micro-batches,
+// or, when GradSync reduces every micro-batch (dist.shard = gradients), the
+// most any rank has (shares and data.max-micro-batch differ between ranks),
+// so that every rank issues as many sums; the extra rounds are empty.
+size_t reduce_rounds(const StepParts& parts, const StepBatch& batch) {
+  if (!parts.grad_sync || !parts.grad_sync->reduces_every_micro_batch()) return batch.micro.size();
+  std::vector<double> counts(parts.comm.size(), 0.0);
+  counts[parts.comm.rank()] = static_cast<double>(batch.micro.size());
+  counts = parts.comm.all_reduce_sum(counts, "micro-batch count");
+  return static_cast<size_t>(*std::max_element(counts.begin(), counts.end()));
+}
+
 }  // namespace
 
 StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch& batch, PhaseTimer& timer) {
@@ -76,10 +89,11 @@ StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch
   std::vector<double> units = global_units(parts, batch, state.step);
   StepResult result;
   result.tally = parts.task.empty_tally();
-  for (size_t m = 0; m < batch.micro.size(); ++m) {
-    if (parts.grad_sync) parts.grad_sync->prepare(/*sync=*/m + 1 == batch.micro.size());  // only the last backward communicates
+  const size_t rounds = reduce_rounds(parts, batch);
+  for (size_t m = 0; m < rounds; ++m) {
+    if (parts.grad_sync) parts.grad_sync->prepare(/*sync=*/m + 1 == rounds);  // only the last backward communicates
+    if (m >= batch.micro.size() || batch.micro[m].empty()) continue;  // an empty round still takes its part
     const Example& micro = batch.micro[m];
-    if (micro.empty()) continue;
     auto t0 = Clock::now();
     if (parts.at) parts.at(StepPoint::kForwardBegin, state.step + 1);
     TaskOutput out;
