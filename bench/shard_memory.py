@@ -41,18 +41,11 @@ import sys
 import tempfile
 import time
 
+from slow_link import prepare_data  # GCIDE shards, as the slow-link bench prepares them
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = sys.executable
 BASE = {"hidden": 768, "layers": 12, "heads": 12, "vocab": 30522}
-
-
-def prepare_data(build, data):
-    if os.path.exists(os.path.join(data, "manifest.json")):
-        return
-    print("shard_memory: preparing GCIDE into %s" % data, flush=True)
-    subprocess.run([os.path.join(build, "cohort"), "prepare", "--input", "/usr/share/dictd/gcide.dict.dz", "--out",
-                    data, "--overwrite", "--vocab-size", "8192", "--max-seq-length", "128", "--max-predictions", "20",
-                    "--dupe-factor", "1"], check=True)
 
 
 def cohort_cmd(args, world, steps, out, extra):

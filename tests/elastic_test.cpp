@@ -68,6 +68,34 @@ std::map<std::string, torch::Tensor> final_model(const std::string& run) {
   return {file.tensors.begin(), file.tensors.end()};
 }
 
+// Every step of the 80 once in the log, every one of the 240 samples once
+// in each of the 4 epochs.
+void expect_each_step_and_sample_once(const TempDir& tmp) {
+  std::set<int64_t> steps;
+  for (const auto& j : lines_of_kind(tmp / "run/metrics.jsonl", "train")) {
+    EXPECT_TRUE(steps.insert(j["step"].get<int64_t>()).second);
+  }
+  EXPECT_EQ(steps.size(), 80u);
+  expect_every_sample_once(tmp / "run", 240, 4);
+}
+
+// The elastic run's final weights are those of `fixed` (a run checkpointing
+// every step) on `from` ranks, resumed at step `resumed` on `to` ranks.
+void expect_weights_of_a_resume(const TempDir& tmp, const std::string& fixed, int from, int64_t resumed, int to) {
+  const std::string ref = "ref" + std::to_string(from), after = "ref" + std::to_string(to);
+  auto first = run_cohort(fixed + " --nproc-per-node " + std::to_string(from) + " --out " + (tmp / ref));
+  ASSERT_EQ(first.code, 0) << first.err;
+  auto second = run_cohort(" train --quiet --oversubscribe --nproc-per-node " + std::to_string(to) + " --resume " +
+                           (tmp / ref) + "/checkpoints/step-" + std::to_string(resumed) + " --out " + (tmp / after));
+  ASSERT_EQ(second.code, 0) << second.err;
+  auto elastic = final_model(tmp / "run"), reference = final_model(tmp / after);
+  ASSERT_EQ(elastic.size(), reference.size());
+  for (const auto& [name, t] : reference) {
+    ASSERT_TRUE(elastic.count(name)) << name;
+    EXPECT_LT((elastic[name] - t).abs().max().item<double>(), 1e-5) << name;
+  }
+}
+
 // A tiny MLP run long enough to lose a host in: 240 samples, 20 steps an
 // epoch; rank 0 of every world is slowed so that the run lasts seconds.
 std::string elastic_args(const TempDir& tmp, const std::string& master, int port, int epochs) {
@@ -148,27 +176,14 @@ TEST(Elastic, HostKilledMidEpochTheOthersFinishFromMemory) {
   EXPECT_LT(resumed, 80);
 
   // Every step once in the log, every sample once per epoch.
-  std::set<int64_t> steps;
-  for (const auto& j : lines_of_kind(metrics, "train")) EXPECT_TRUE(steps.insert(j["step"].get<int64_t>()).second);
-  EXPECT_EQ(steps.size(), 80u);
-  expect_every_sample_once(tmp / "run", 240, 4);
+  expect_each_step_and_sample_once(tmp);
 
   // The same run checkpointed at `resumed` on three ranks and resumed on two.
   const std::string fixed = cohort::strf(
       " train --model.name mlp --model.dropout 0 --data.global-batch 12 --train.epochs 4 --ckpt.every-steps 1 "
       "--ckpt.keep 100 --quiet --data.path %s --oversubscribe",
       tmp.path().c_str());
-  auto three = run_cohort(fixed + " --nproc-per-node 3 --out " + (tmp / "ref3"));
-  ASSERT_EQ(three.code, 0) << three.err;
-  auto two = run_cohort(" train --quiet --oversubscribe --nproc-per-node 2 --resume " +
-                        (tmp / "ref3/checkpoints/") + "step-" + std::to_string(resumed) + " --out " + (tmp / "ref2"));
-  ASSERT_EQ(two.code, 0) << two.err;
-  auto elastic = final_model(tmp / "run"), reference = final_model(tmp / "ref2");
-  ASSERT_EQ(elastic.size(), reference.size());
-  for (const auto& [name, t] : reference) {
-    ASSERT_TRUE(elastic.count(name)) << name;
-    EXPECT_LT((elastic[name] - t).abs().max().item<double>(), 1e-5) << name;
-  }
+  expect_weights_of_a_resume(tmp, fixed, 3, resumed, 2);
 }
 
 // dist.sync = local: host 2 is killed mid-window. The survivors go on from
@@ -476,24 +491,12 @@ TEST_P(ElasticShards, ReplicasGoOnFromMemory) {
   EXPECT_EQ(resumed, std::string(GetParam()) == "forward" ? 11 : 12);
   EXPECT_NE(h0.out().find("re-sharded the optimizer state in memory from 2 surviving range(s) into 1"),
             std::string::npos) << h0.out();
-  std::set<int64_t> steps;
-  for (const auto& j : lines_of_kind(metrics, "train")) EXPECT_TRUE(steps.insert(j["step"].get<int64_t>()).second);
-  EXPECT_EQ(steps.size(), 80u);
-  expect_every_sample_once(tmp / "run", 240, 4);
+  expect_each_step_and_sample_once(tmp);
 
   const std::string fixed = cohort::strf(
       " train --model.name mlp --model.dropout 0 --data.global-batch 12 --train.epochs 4 --ckpt.every-steps 1 "
       "--ckpt.keep 100 --quiet --data.path %s --oversubscribe", tmp.path().c_str()) + shard;
-  auto four = run_cohort(fixed + " --nproc-per-node 4 --out " + (tmp / "ref4"));
-  ASSERT_EQ(four.code, 0) << four.err;
-  auto two = run_cohort(" train --quiet --oversubscribe --nproc-per-node 2 --resume " + (tmp / "ref4/checkpoints/") +
-                        "step-" + std::to_string(resumed) + " --out " + (tmp / "ref2"));
-  ASSERT_EQ(two.code, 0) << two.err;
-  auto elastic = final_model(tmp / "run"), reference = final_model(tmp / "ref2");
-  for (const auto& [name, t] : reference) {
-    ASSERT_TRUE(elastic.count(name)) << name;
-    EXPECT_LT((elastic[name] - t).abs().max().item<double>(), 1e-5) << name;
-  }
+  expect_weights_of_a_resume(tmp, fixed, 4, resumed, 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Moments, ElasticShards, ::testing::Values("forward", "applied"));

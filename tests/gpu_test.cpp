@@ -40,16 +40,6 @@ RunSummary train_on(Config cfg, DeviceKind device, const std::string& dir) {
   return Trainer(cfg, *comm, run).run();
 }
 
-// The mean loss of each train line of RUN_DIR/metrics.jsonl.
-std::vector<double> logged_losses(const std::string& dir) {
-  std::vector<double> out;
-  for (const auto& line : cohort::test::lines_of(cohort::test::read_file(dir + "/metrics.jsonl"))) {
-    auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "train") out.push_back(j["loss"].get<double>());
-  }
-  return out;
-}
-
 }  // namespace
 
 TEST_F(Gpu, OneRankOnCudaFollowsTheCpuRun) {
@@ -90,7 +80,7 @@ TEST_F(Gpu, TwoRanksOnOneGpuMatchOneRank) {
   ASSERT_EQ(one.code, 0) << one.err;
   auto two = cohort::test::run_cohort("train --nproc-per-node 2" + common + (tmp / "two"));
   ASSERT_EQ(two.code, 0) << two.err;
-  auto a = logged_losses(tmp / "one"), b = logged_losses(tmp / "two");
+  auto a = cohort::test::train_losses(tmp / "one"), b = cohort::test::train_losses(tmp / "two");
   ASSERT_EQ(a.size(), 2u);
   ASSERT_EQ(b.size(), 2u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-3 * a[i]) << "log line " << i;

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cohort/config/config.hpp"
 #include "cohort/core/format.hpp"
 
@@ -86,6 +88,16 @@ inline Result run_cohort(const std::string& args, const std::string& env = "") {
 
 // A tiny but valid IDX image dataset in `dir`: n train and n test images of
 // 8x8, labels 0..3.
+// The loss of each train line of RUN_DIR/metrics.jsonl, in order.
+inline std::vector<double> train_losses(const std::string& run_dir) {
+  std::vector<double> out;
+  for (const auto& line : lines_of(read_file(run_dir + "/metrics.jsonl"))) {
+    auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "train") out.push_back(j["loss"].get<double>());
+  }
+  return out;
+}
+
 template <class Dir>
 void write_tiny_dataset(const Dir& dir, uint32_t n = 8) {
   auto idx = [](std::vector<uint32_t> dims, size_t n, int mod) {

@@ -43,15 +43,6 @@ bool wait_for_lines(const std::string& path, size_t lines, std::chrono::seconds 
   return false;
 }
 
-std::vector<double> train_losses(const std::string& metrics) {
-  std::vector<double> out;
-  for (const auto& line : cohort::test::lines_of(read_file(metrics))) {
-    auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "train") out.push_back(j["loss"].get<double>());
-  }
-  return out;
-}
-
 // A long job on the tiny dataset: it runs until something stops it.
 std::string long_job(const TempDir& tmp, const std::string& extra) {
   cohort::test::write_tiny_dataset(tmp);
@@ -78,7 +69,7 @@ TEST(Launch, LossDoesNotDependOnWorldSize) {
     std::string dir = tmp / ("r" + std::to_string(losses.size()));
     auto r = run_cohort("train " + shape + common + " --out " + dir);
     ASSERT_EQ(r.code, 0) << shape << ": " << r.err;
-    losses.push_back(train_losses(dir + "/metrics.jsonl"));
+    losses.push_back(cohort::test::train_losses(dir));
     ASSERT_EQ(losses.back().size(), 50u) << shape;
     evals.emplace_back();
     for (const auto& line : cohort::test::lines_of(r.out)) {
@@ -231,8 +222,8 @@ TEST(Launch, TwoHostsInNetworkNamespaces) {
   auto single = run_cohort(args.substr(0, args.find(" --init-method")) + " --data.path " + tmp.path() +
                            " --quiet --out " + (tmp / "single"));
   ASSERT_EQ(single.code, 0) << single.err;
-  auto three = train_losses(tmp / "run0/metrics.jsonl");
-  auto one = train_losses(tmp / "single/metrics.jsonl");
+  auto three = cohort::test::train_losses(tmp / "run0");
+  auto one = cohort::test::train_losses(tmp / "single");
   ASSERT_EQ(three.size(), one.size());
   for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(three[i], one[i], 1e-5 * std::abs(one[i])) << i;
 }
@@ -294,7 +285,7 @@ void check_split_independence(const std::string& common, bool compare_rank_rng) 
     std::string dir = tmp / ("r" + std::to_string(losses.size()));
     auto r = run_cohort("train " + shape.args + common + " --log.sample-ids --out " + dir, shape.env);
     ASSERT_EQ(r.code, 0) << shape.args << ": " << r.err;
-    losses.push_back(train_losses(dir + "/metrics.jsonl"));
+    losses.push_back(cohort::test::train_losses(dir));
     ASSERT_EQ(losses.back().size(), 20u) << shape.args;
     ids.push_back(ids_per_step(dir, shape.ranks));
     outs.push_back(r.out);

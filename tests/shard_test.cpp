@@ -17,16 +17,6 @@ using cohort::test::TempDir;
 
 namespace {
 
-// A job's per-step train losses, from metrics.jsonl.
-std::vector<double> shard_losses(const std::string& run) {
-  std::vector<double> out;
-  for (const auto& line : cohort::test::lines_of(cohort::test::read_file(run + "/metrics.jsonl"))) {
-    auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "train") out.push_back(j["loss"].get<double>());
-  }
-  return out;
-}
-
 std::map<std::string, torch::Tensor> shard_model(const std::string& ckpt) {
   auto f = load_safetensors(ckpt + "/model.safetensors");
   return {f.tensors.begin(), f.tensors.end()};
@@ -112,7 +102,7 @@ TEST_P(ShardMath, SameLossPerStepAsUnsharded) {
   }
   for (const auto& [ref, sharded] : std::vector<std::pair<std::string, std::string>>{
            {"none2", "opt2"}, {"none2", "grad2"}, {"none3", "grad3"}}) {
-    auto a = shard_losses(tmp / ref), b = shard_losses(tmp / sharded);
+    auto a = cohort::test::train_losses(tmp / ref), b = cohort::test::train_losses(tmp / sharded);
     ASSERT_EQ(a.size(), 60u);
     ASSERT_EQ(b.size(), a.size());
     for (size_t i = 0; i < a.size(); ++i) {
@@ -121,7 +111,7 @@ TEST_P(ShardMath, SameLossPerStepAsUnsharded) {
     EXPECT_LT(max_difference(tmp / (sharded + "/checkpoints/step-60"), tmp / (ref + "/checkpoints/step-60")), 1e-5);
   }
   // The world size changes nothing either (per-sample averaging).
-  auto two = shard_losses(tmp / "grad2"), three = shard_losses(tmp / "grad3");
+  auto two = cohort::test::train_losses(tmp / "grad2"), three = cohort::test::train_losses(tmp / "grad3");
   for (size_t i = 0; i < two.size(); ++i) EXPECT_NEAR(three[i], two[i], 1e-5 * std::abs(two[i])) << "step " << i + 1;
 }
 

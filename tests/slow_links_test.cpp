@@ -38,16 +38,6 @@ std::vector<torch::Tensor> copies(const std::vector<torch::Tensor>& ts) {
 
 torch::Tensor remainder_of(const PowerSgdBucket& b) { return b.own_state().at(0).second.reshape({48, 40}); }
 
-// A job's per-step train losses, from metrics.jsonl.
-std::vector<double> losses_of(const std::string& run) {
-  std::vector<double> out;
-  for (const auto& line : cohort::test::lines_of(cohort::test::read_file(run + "/metrics.jsonl"))) {
-    auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "train") out.push_back(j["loss"].get<double>());
-  }
-  return out;
-}
-
 // The tensor bytes of a checkpoint's model (after the safetensors header).
 std::string model_bytes(const std::string& ckpt_dir) {
   std::string b = cohort::test::read_file(ckpt_dir + "/model.safetensors");
@@ -165,7 +155,7 @@ TEST(LocalSync, OneStepWindowsWithPlainSgdAreExactTraining) {
   auto local = run_cohort(common + " --dist.sync local --dist.local-steps 1 --optim.outer-lr 1 "
                           "--optim.outer-momentum 0 --out " + (tmp / "local"));
   ASSERT_EQ(local.code, 0) << local.err;
-  auto a = losses_of(tmp / "exact"), b = losses_of(tmp / "local");
+  auto a = cohort::test::train_losses(tmp / "exact"), b = cohort::test::train_losses(tmp / "local");
   ASSERT_EQ(a.size(), 12u);
   ASSERT_EQ(b.size(), 12u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << "step " << i + 1;
@@ -173,7 +163,7 @@ TEST(LocalSync, OneStepWindowsWithPlainSgdAreExactTraining) {
   auto apart = run_cohort(common + " --dist.sync local --dist.local-steps 4 --optim.outer-lr 1 "
                           "--optim.outer-momentum 0 --out " + (tmp / "apart"));
   ASSERT_EQ(apart.code, 0) << apart.err;
-  auto c = losses_of(tmp / "apart");
+  auto c = cohort::test::train_losses(tmp / "apart");
   ASSERT_EQ(c.size(), 12u);
   EXPECT_NE(c[5], a[5]);
   EXPECT_NE(local.out.find("sync local: an outer Nesterov step (lr 1, momentum 0) every 1 step(s)"),
@@ -233,7 +223,7 @@ TEST(PowerSgd, LossDoesNotDependOnTheWorldSizeFromTwoRanks) {
   auto exact = run_cohort("train" + kSlowTiny + "--model.dropout 0 --data.global-batch 12 --train.max-steps 15 "
                           "--nproc-per-node 2 --data.path " + tmp.path() + " --out " + (tmp / "exact"));
   ASSERT_EQ(exact.code, 0) << exact.err;
-  auto a = losses_of(tmp / "two"), b = losses_of(tmp / "three"), e = losses_of(tmp / "exact");
+  auto a = cohort::test::train_losses(tmp / "two"), b = cohort::test::train_losses(tmp / "three"), e = cohort::test::train_losses(tmp / "exact");
   ASSERT_EQ(a.size(), 15u);
   ASSERT_EQ(b.size(), 15u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << "step " << i + 1;

@@ -21,21 +21,28 @@ namespace cohort {
 // Work only rank 0 does ahead of a collective: if it fails there, every
 // rank fails now (rank 0 with its own error, the others with its exit code)
 // instead of waiting out dist.timeout in the next collective.
+namespace detail {
+// Runs `fn`; on an exception keeps it in `error` and returns its exit code.
+template <class Fn>
+int run_keeping_error(Fn& fn, std::exception_ptr& error) {
+  try {
+    fn();
+    return 0;
+  } catch (const Error& e) {
+    error = std::current_exception();
+    return e.exit_code();
+  } catch (...) {
+    error = std::current_exception();
+    return 1;
+  }
+}
+}  // namespace detail
+
 template <class Fn>
 void on_main_then_agree(Comm& comm, const char* what, Fn fn) {
   std::exception_ptr error;
-  int code = 0;  // rank 0's exit code: every rank exits with it
-  if (comm.world().is_main()) {
-    try {
-      fn();
-    } catch (const Error& e) {
-      error = std::current_exception();
-      code = e.exit_code();
-    } catch (...) {
-      error = std::current_exception();
-      code = 1;
-    }
-  }
+  // rank 0's exit code: every rank exits with it
+  int code = comm.world().is_main() ? detail::run_keeping_error(fn, error) : 0;
   double failed = comm.all_reduce_sum(std::vector<double>{static_cast<double>(code)}, what)[0];
   if (error) std::rethrow_exception(error);
   if (failed != 0) throw Error(detail::cat("rank 0 failed in the ", what, "; its error says why"), static_cast<int>(failed));
@@ -47,16 +54,7 @@ void on_main_then_agree(Comm& comm, const char* what, Fn fn) {
 template <class Fn>
 void on_each_then_agree(Comm& comm, const char* what, Fn fn) {
   std::exception_ptr error;
-  int code = 0;
-  try {
-    fn();
-  } catch (const Error& e) {
-    error = std::current_exception();
-    code = e.exit_code();
-  } catch (...) {
-    error = std::current_exception();
-    code = 1;
-  }
+  int code = detail::run_keeping_error(fn, error);
   std::vector<double> codes(comm.size(), 0.0);
   codes[comm.rank()] = code;
   codes = comm.all_reduce_sum(codes, what);
