@@ -20,6 +20,7 @@ DATA = os.path.join(WORK, "gcide")              # uncased shards + vocab.txt
 DATA_CASED = os.path.join(WORK, "gcide-cased")  # cased vocab.txt (and shards)
 LINES = os.path.join(WORK, "gcide-lines.txt")   # every GCIDE sentence Cohort reads
 BERT_RUN = os.path.join(WORK, "bert")           # bert-tiny, 4 steps, checkpoints + export
+BERT_MLM_RUN = os.path.join(WORK, "bert-mlm")   # the same, task.nsp false + dynamic masking, + export
 FMNIST_RUN = os.path.join(WORK, "fmnist")       # MLP, 20 steps, train + eval lines
 
 

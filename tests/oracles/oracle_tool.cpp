@@ -6,6 +6,13 @@
 //       writes it) through load_model_weights, runs the first ROWS rows of
 //       DATA_DIR's SPLIT through the reader and BertForPretraining in eval
 //       mode (fp32), and writes the batch and both heads' logits
+//       (BertForMaskedLM exports: no NSP logits)
+//   cohort_oracle_tool mask-draws DATA_DIR SPLIT ROWS PROB WHOLE_WORD EPOCH OUT.safetensors
+//       the first ROWS rows of DATA_DIR's SPLIT restored (their stored
+//       targets put back) and masked afresh as task.masking dynamic does
+//       (DATA_DIR/vocab.txt, train.seed 1, 0.8/0.1/0.1, no cap), for sample
+//       ids 0..ROWS-1 in EPOCH: original_ids, input_ids, input_mask,
+//       masked_lm_positions, masked_lm_ids
 //   cohort_oracle_tool gcide-lines GCIDE.dict.dz OUT.txt
 //       every sentence `cohort prepare` reads from GCIDE, one per line
 //   cohort_oracle_tool wordpiece VOCAB uncased|cased LINES.txt OUT.txt
@@ -42,6 +49,7 @@ int bert_logits(const std::string& model_dir, const std::string& data_dir, const
   c.max_positions = j.at("max_position_embeddings");
   c.type_vocab = j.at("type_vocab_size");
   c.layer_norm_eps = j.at("layer_norm_eps");
+  c.next_sentence = j.at("architectures").at(0) != "BertForMaskedLM";
   BertForPretraining model(c);
   load_model_weights(*model, (fs::path(model_dir) / "model.safetensors").string());
   model->eval();
@@ -59,7 +67,30 @@ int bert_logits(const std::string& model_dir, const std::string& data_dir, const
   }
   t.emplace_back("mlm_logits", o.mlm_logits.contiguous());
   t.emplace_back("mlm_labels", o.mlm_labels.contiguous());
-  t.emplace_back("nsp_logits", o.nsp_logits.contiguous());
+  if (o.nsp_logits.defined()) t.emplace_back("nsp_logits", o.nsp_logits.contiguous());
+  save_safetensors(out, t, {});
+  return 0;
+}
+
+int mask_draws(const std::string& data_dir, const std::string& split, int64_t rows, double prob, bool whole_word,
+               int64_t epoch, const std::string& out) {
+  MaskOptions m;
+  m.prob = prob;
+  m.whole_word = whole_word;
+  m.seed = 1;
+  BertShardsOptions o;
+  o.masking = std::make_shared<DynamicMasking>(
+      MaskingVocab::from(text::Vocab::load((fs::path(data_dir) / "vocab.txt").string())), m);
+  BertShards data(data_dir, split, o);
+  std::vector<int64_t> ids(static_cast<size_t>(std::min(rows, data.size())));
+  std::iota(ids.begin(), ids.end(), 0);
+  Example original = BertShards(data_dir, split).get_batch(ids);
+  restore_masked_tokens(original);
+  Example b = data.draw_batch(ids, epoch);
+  NamedTensors t;
+  t.emplace_back("original_ids", original.at("input_ids").contiguous());
+  for (const char* k : {"input_ids", "input_mask", "masked_lm_positions", "masked_lm_ids"})
+    t.emplace_back(k, b.at(k).contiguous());
   save_safetensors(out, t, {});
   return 0;
 }
@@ -102,6 +133,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> a(argv + 1, argv + argc);
   try {
     if (a.size() == 6 && a[0] == "bert-logits") return bert_logits(a[1], a[2], a[3], std::stoll(a[4]), a[5]);
+    if (a.size() == 8 && a[0] == "mask-draws")
+      return mask_draws(a[1], a[2], std::stoll(a[3]), std::stod(a[4]), a[5] == "1", std::stoll(a[6]), a[7]);
     if (a.size() == 3 && a[0] == "gcide-lines") return gcide_lines(a[1], a[2]);
     if (a.size() == 5 && a[0] == "wordpiece") return wordpiece(a[1], a[2], a[3], a[4]);
   } catch (const std::exception& e) {

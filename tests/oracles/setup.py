@@ -1,6 +1,6 @@
 """oracle.setup: GCIDE shards (uncased and cased vocabularies), every GCIDE
 sentence as Cohort reads it, a 4-step bert-tiny run with checkpoints and an
-export, and a 20-step Fashion-MNIST run with evaluations."""
+export, the same without NSP (dynamic masking) and its export, and a 20-step Fashion-MNIST run with evaluations."""
 import os
 import shutil
 
@@ -18,6 +18,11 @@ run([COHORT, "train", "--config", os.path.join(SOURCE, "examples/bert-tiny.toml"
      "--eval.max-samples", "64", "--ckpt.every-steps", "2", "--data.global-batch", "16",
      "--train.precision", "fp32", "--quiet"])
 run([COHORT, "export", BERT_RUN, "-o", os.path.join(BERT_RUN, "export")])
+run([COHORT, "train", "--config", os.path.join(SOURCE, "examples/bert-tiny.toml"), "--data.path", DATA,
+     "--out", BERT_MLM_RUN, "--train.max-steps", "4", "--log.every-steps", "2", "--data.global-batch", "16",
+     "--task.nsp=false", "--task.masking", "dynamic", "--task.mask-prob", "0.3",
+     "--train.precision", "fp32", "--quiet"])
+run([COHORT, "export", BERT_MLM_RUN, "-o", os.path.join(BERT_MLM_RUN, "export")])
 run([COHORT, "train", "--config", os.path.join(SOURCE, "examples/fashion-mnist.toml"), "--model.name", "mlp",
      "--out", FMNIST_RUN, "--train.max-steps", "20", "--log.every-steps", "5", "--eval.every-steps", "10",
      "--eval.max-samples", "500", "--data.global-batch", "32", "--quiet"])

@@ -29,9 +29,19 @@ class Prepare : public Command {
     sub->add_option("--short-seq-prob", o_.instances.short_seq_prob,
                     "chance that a document aims at a shorter random length")
         ->capture_default_str();
-    sub->add_option("--dupe-factor", o_.instances.dupe_factor, "passes over the documents, each masked differently")
-        ->capture_default_str();
+    dupe_ = sub->add_option("--dupe-factor", o_.instances.dupe_factor,
+                            "passes over the documents, each masked differently (--masking none --nsp false: 1)")
+                ->capture_default_str();
     sub->add_flag("--whole-word-mask", o_.instances.whole_word_mask, "mask every piece of a word or none");
+    sub->add_option("--masking", masking_,
+                    "static: masked-LM targets drawn here (NVIDIA's layout); none: unmasked rows, for "
+                    "task.masking dynamic (smaller, no --dupe-factor needed)")
+        ->check(CLI::IsMember({"static", "none"}))
+        ->capture_default_str();
+    sub->add_option("--nsp", o_.instances.next_sentence,
+                    "true: sentence pairs for next sentence prediction; false: rows filled with whole sentences "
+                    "across documents ([SEP] between them), for task.nsp false")
+        ->capture_default_str();
     sub->add_option("--valid-fraction", o_.valid_fraction, "fraction of documents for the valid split")
         ->capture_default_str();
     sub->add_option("--test-fraction", o_.test_fraction, "fraction of documents for the test split")
@@ -47,6 +57,9 @@ class Prepare : public Command {
 
   int run(int, char**, std::string&) override {
     o_.lowercase = !cased_;
+    o_.instances.mask = masking_ == "static";
+    // Unmasked full-sentence rows are the same in every pass: one is the default.
+    if (!o_.instances.mask && !o_.instances.next_sentence && dupe_->count() == 0) o_.instances.dupe_factor = 1;
     prep::run_prepare(o_);
     return 0;
   }
@@ -54,6 +67,8 @@ class Prepare : public Command {
  private:
   prep::PrepareOptions o_;
   bool cased_ = false;
+  std::string masking_ = "static";
+  CLI::Option* dupe_ = nullptr;
 };
 
 }  // namespace

@@ -96,13 +96,16 @@ void write_tokenizer(const ExportSource& s, const std::string& out_dir, ExportRe
 }
 
 void export_bert_pretrain(const ExportSource& s, const std::string& out_dir, ExportResult& result) {
-  // BertForPreTraining's state_dict() also names the tied MLM decoder, so
-  // that load_state_dict(strict=True) finds every key it expects.
+  // BertForPreTraining's (and BertForMaskedLM's) state_dict() also names the
+  // tied MLM decoder, so that load_state_dict(strict=True) finds every key
+  // it expects.
   NamedTensors tensors(s.weights.tensors.begin(), s.weights.tensors.end());
   tensors.emplace_back("cls.predictions.decoder.weight", tensor(s, "bert.embeddings.word_embeddings.weight"));
   tensors.emplace_back("cls.predictions.decoder.bias", tensor(s, "cls.predictions.bias"));
   write_weights(s, tensors, out_dir, result);
-  result.hf_class = "BertForPreTraining";
+  // task.nsp false trains no NSP head and no pooler: a BertForMaskedLM.
+  const bool nsp = s.weights.tensors.count("cls.seq_relationship.weight") > 0;
+  result.hf_class = nsp ? "BertForPreTraining" : "BertForMaskedLM";
   write_text(out_dir, "config.json", bert_config(s, result.hf_class).dump(2) + "\n", result);
   write_tokenizer(s, out_dir, result);
 }

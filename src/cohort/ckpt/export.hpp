@@ -3,7 +3,8 @@
 // `cohort export`: a checkpoint -> a standalone model directory that the
 // user's own tools load:
 //   model.safetensors  the weights alone (no optimizer or trainer state)
-//   config.json        bert-pretrain: BertForPreTraining's BertConfig;
+//   config.json        bert-pretrain: BertForPreTraining's BertConfig
+//                      (BertForMaskedLM's when trained with task.nsp false);
 //                      bert-classify: BertForSequenceClassification's, with
 //                      num_labels, id2label and label2id from labels.json;
 //                      image-classify: Cohort's own description (no Hugging

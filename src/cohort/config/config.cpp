@@ -745,6 +745,7 @@ namespace {
 std::string shown(const TaskValue& v) {
   if (const auto* text = std::get_if<std::string>(&v)) return text->empty() ? "''" : *text;
   if (const auto* flag = std::get_if<bool>(&v)) return *flag ? "true" : "false";
+  if (const auto* number = std::get_if<double>(&v)) return detail::cat(*number);
   return std::to_string(std::get<int64_t>(v));
 }
 

@@ -135,8 +135,8 @@ struct ModelOptions {
 };
 
 // The value of a key a task declares for itself (TaskKey): text, an
-// integer or a flag.
-using TaskValue = std::variant<std::string, int64_t, bool>;
+// integer, a flag or a number.
+using TaskValue = std::variant<std::string, int64_t, bool, double>;
 
 struct Config {
   TrainOptions train;

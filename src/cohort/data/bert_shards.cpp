@@ -368,7 +368,11 @@ BertShards::BertShards(const std::string& dir, const std::string& split, BertSha
   }
   m.starts.push_back(m.info.rows);
   m.info.files = static_cast<int64_t>(m.files.size());
-  if (auto manifest = read_manifest(dir)) m.info.vocab_size = manifest->vocab_size;
+  if (auto manifest = read_manifest(dir)) {
+    m.info.vocab_size = manifest->vocab_size;
+    m.info.masked = manifest->masked;
+    m.info.next_sentence = manifest->next_sentence;
+  }
 }
 
 BertShards::~BertShards() {
@@ -385,8 +389,35 @@ Example BertShards::get(int64_t index) const {
   return ex;
 }
 
+void restore_masked_tokens(Example& batch) {
+  torch::Tensor ids = batch.at("input_ids").to(torch::kInt64).contiguous();
+  const torch::Tensor pos = batch.at("masked_lm_positions").to(torch::kInt64).contiguous();
+  const torch::Tensor mlm = batch.at("masked_lm_ids").to(torch::kInt64).contiguous();
+  const int64_t n = ids.size(0), width = ids.size(1), p = pos.size(1);
+  int64_t* tok = ids.data_ptr<int64_t>();
+  const int64_t *pp = pos.data_ptr<int64_t>(), *mp = mlm.data_ptr<int64_t>();
+  for (int64_t b = 0; b < n; ++b) {
+    for (int64_t j = 0; j < p; ++j) {
+      const int64_t at = pp[b * p + j], id = mp[b * p + j];
+      if (id >= 0 && at >= 0 && at < width) tok[b * width + at] = id;
+    }
+  }
+  batch["input_ids"] = ids;
+  batch["masked_lm_positions"] = torch::zeros({n, 1}, torch::kInt64);
+  batch["masked_lm_ids"] = torch::full({n, 1}, -1, torch::kInt64);
+}
+
 Example BertShards::get_batch(const std::vector<int64_t>& indices) const {
   Example batch = impl_->gather(indices, true);
+  if (impl_->opts.masking && !impl_->info.masked) impl_->opts.masking->apply(batch, indices, kEvaluationEpoch);
+  return impl_->opts.pack ? pack_bert_rows(batch, impl_->info.seq_len, indices) : batch;
+}
+
+Example BertShards::draw_batch(const std::vector<int64_t>& indices, int64_t epoch) const {
+  if (!impl_->opts.masking) return get_batch(indices);
+  Example batch = impl_->gather(indices, true);
+  restore_masked_tokens(batch);
+  impl_->opts.masking->apply(batch, indices, epoch);
   return impl_->opts.pack ? pack_bert_rows(batch, impl_->info.seq_len, indices) : batch;
 }
 

@@ -27,6 +27,7 @@
 
 #include "cohort/data/bert_rows.hpp"
 #include "cohort/data/dataset.hpp"
+#include "cohort/data/masking.hpp"
 
 namespace cohort {
 
@@ -42,6 +43,8 @@ struct BertShardInfo {
   int64_t max_predictions = 0;
   int64_t files = 0;
   int64_t vocab_size = -1;  // from DIR/manifest.json when present, else -1
+  bool masked = true;       // rows carry masked-LM targets (not prepare --masking none)
+  bool next_sentence = true;  // sentence pairs (not prepare --nsp false)
 };
 
 struct BertShardsOptions {
@@ -57,7 +60,22 @@ struct BertShardsOptions {
   // data.pack: get_batch returns its instances packed (pack_bert_rows) into
   // rows of the shards' sequence length.
   bool pack = false;
+  // task.masking = dynamic: draw_batch restores each row's tokens (a stored
+  // target's id goes back to its position) and masks them afresh for the
+  // epoch; get_batch (evaluation) keeps stored targets, and masks unmasked
+  // shards with the fixed key of epoch kEvaluationEpoch.
+  std::shared_ptr<const DynamicMasking> masking;
 };
+
+// The epoch whose masks evaluation draws on unmasked shards: the same for
+// every evaluation, and no training epoch's.
+constexpr int64_t kEvaluationEpoch = -1;
+
+// Puts each row's stored targets back: input_ids[b, masked_lm_positions[b, j]]
+// = masked_lm_ids[b, j] wherever the id is >= 0; then drops the targets
+// (masked_lm_positions/ids become [B, 1] of none). A collated, unpacked
+// batch as get_batch gives it.
+void restore_masked_tokens(Example& batch);
 
 // data.pack: the instances of a collated batch (get_batch's keys) packed
 // into rows of at most `row_len` tokens, first fit in decreasing length
@@ -99,6 +117,7 @@ class BertShards : public Dataset {
   int64_t size() const override;
   Example get(int64_t index) const override;
   Example get_batch(const std::vector<int64_t>& indices) const override;
+  Example draw_batch(const std::vector<int64_t>& indices, int64_t epoch) const override;
   std::string describe() const override;
 
   const BertShardInfo& info() const;

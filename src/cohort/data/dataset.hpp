@@ -26,6 +26,14 @@ class Dataset {
   // The collated batch of `indices`. The default collates get(i); datasets
   // that can gather many rows at once (in-memory tensors) override it.
   virtual Example get_batch(const std::vector<int64_t>& indices) const;
+  // The batch as training deals it in `epoch`: datasets that draw something
+  // afresh each epoch (dynamic masking) draw it from (seed, epoch, sample
+  // id), so a sample's draw does not depend on who fetches it. The default
+  // is get_batch, which evaluation uses.
+  virtual Example draw_batch(const std::vector<int64_t>& indices, int64_t epoch) const {
+    (void)epoch;
+    return get_batch(indices);
+  }
   // Sequence datasets: sample i's real length, for length bucketing
   // (data.bucket). The default, -1, means samples have no length.
   virtual int64_t length(int64_t index) const {

@@ -6,7 +6,7 @@
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
-#include <unistd.h>
+#include <unistd.h>  // environ
 
 #include <cerrno>
 #include <csignal>
@@ -15,8 +15,6 @@
 #include <filesystem>
 
 #include "cohort/core/error.hpp"
-
-extern char** environ;
 
 namespace cohort::hdf5 {
 

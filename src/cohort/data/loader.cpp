@@ -49,7 +49,7 @@ StepBatch Loader::build(int64_t k, const std::vector<int64_t>& shares) const {
     for (int64_t i = micro.begin; i < micro.end; ++i) {
       ids.push_back((*perm)[static_cast<size_t>(out.cursor.consumed + mine.begin + i)]);
     }
-    Example micro_batch = ids.empty() ? Example{} : gather(data_, ids);
+    Example micro_batch = ids.empty() ? Example{} : data_.draw_batch(ids, out.cursor.epoch);
     if (opts_.pin_memory) {
       for (auto& [name, t] : micro_batch) t = t.pin_memory();
     }

@@ -45,6 +45,8 @@ void write_manifest(const std::string& dir, const ManifestRecord& m) {
       {"short_seq_prob", m.short_seq_prob},
       {"dupe_factor", m.dupe_factor},
       {"whole_word_mask", m.whole_word_mask},
+      {"masking", m.masked ? "static" : "none"},
+      {"nsp", m.next_sentence},
       {"valid_fraction", m.valid_fraction},
       {"test_fraction", m.test_fraction},
       {"rows_per_shard", m.rows_per_shard},
@@ -88,6 +90,16 @@ std::optional<DataManifest> read_manifest(const std::string& dir) {
     COHORT_CHECK(j["lowercase"].is_boolean(), DataError, path, ": 'lowercase' must be true or false, got ",
                  j["lowercase"].dump());
     m.lowercase = j["lowercase"].get<bool>();
+  }
+  if (j.contains("masking")) {
+    const auto& v = j["masking"];
+    COHORT_CHECK(v.is_string() && (v == "static" || v == "none"), DataError, path,
+                 ": 'masking' must be \"static\" or \"none\", got ", v.dump());
+    m.masked = v == "static";
+  }
+  if (j.contains("nsp")) {
+    COHORT_CHECK(j["nsp"].is_boolean(), DataError, path, ": 'nsp' must be true or false, got ", j["nsp"].dump());
+    m.next_sentence = j["nsp"].get<bool>();
   }
   return m;
 }

@@ -18,6 +18,8 @@ struct DataManifest {
   int64_t max_seq_length = -1;
   int64_t max_predictions = -1;
   std::optional<bool> lowercase;  // the vocabulary's case; nullopt: not recorded
+  bool masked = true;              // "masking": "none" (prepare --masking none): rows carry no targets
+  bool next_sentence = true;       // "nsp": false (prepare --nsp false): full-sentence rows, no pairs
 };
 
 // What `cohort prepare` made and from what: written whole, read back in
@@ -46,6 +48,8 @@ struct ManifestRecord {
   double short_seq_prob = 0;
   int64_t dupe_factor = 0;
   bool whole_word_mask = false;
+  bool masked = true;         // --masking static | none
+  bool next_sentence = true;  // --nsp
   double valid_fraction = 0;
   double test_fraction = 0;
   int64_t rows_per_shard = 0;

@@ -1,13 +1,12 @@
 #include "cohort/distributed/rendezvous.hpp"
 
 #include <netdb.h>
+#include <unistd.h>  // environ
 
 #include <algorithm>
 #include <cstdlib>
 
 #include "cohort/core/error.hpp"
-
-extern char** environ;
 
 namespace cohort {
 

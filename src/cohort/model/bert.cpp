@@ -208,13 +208,15 @@ struct EncoderImpl : nn::Module {
 TORCH_MODULE(Encoder);
 
 struct BertImpl : nn::Module {
-  BertImpl(const BertConfig& c)
-      : embeddings(register_module("embeddings", Embeddings(c))),
-        encoder(register_module("encoder", Encoder(c))),
-        pooler(register_module("pooler", Dense(c.hidden, c.hidden))) {}
+  // Without NSP, no pooler: Hugging Face's BertModel(add_pooling_layer=False),
+  // as BertForMaskedLM holds it.
+  BertImpl(const BertConfig& c, bool pooler_too)
+      : embeddings(register_module("embeddings", Embeddings(c))), encoder(register_module("encoder", Encoder(c))) {
+    if (pooler_too) pooler = register_module("pooler", Dense(c.hidden, c.hidden));
+  }
   Embeddings embeddings;
   Encoder encoder;
-  Dense pooler;
+  Dense pooler{nullptr};
 };
 TORCH_MODULE(Bert);
 
@@ -241,11 +243,11 @@ struct PredictionsImpl : nn::Module {  // cls.predictions: transform + tied deco
 TORCH_MODULE(Predictions);
 
 struct ClsImpl : nn::Module {
-  ClsImpl(const BertConfig& c)
-      : predictions(register_module("predictions", Predictions(c))),
-        seq_relationship(register_module("seq_relationship", nn::Linear(c.hidden, 2))) {}
+  ClsImpl(const BertConfig& c) : predictions(register_module("predictions", Predictions(c))) {
+    if (c.next_sentence) seq_relationship = register_module("seq_relationship", nn::Linear(c.hidden, 2));
+  }
   Predictions predictions;
-  nn::Linear seq_relationship;
+  nn::Linear seq_relationship{nullptr};  // NSP only
 };
 TORCH_MODULE(Cls);
 
@@ -294,7 +296,7 @@ struct BertForPretrainingImpl::Parts {
 };
 
 BertForPretrainingImpl::BertForPretrainingImpl(const BertConfig& cfg) : cfg_(cfg), p_(std::make_shared<Parts>()) {
-  p_->bert = register_module("bert", Bert(cfg));
+  p_->bert = register_module("bert", Bert(cfg, /*pooler_too=*/cfg.next_sentence));
   p_->cls = register_module("cls", Cls(cfg));
   reset_parameters();
 }
@@ -333,9 +335,11 @@ BertOutputs BertForPretrainingImpl::forward(const BertBatch& batch) {
   const auto rows = hidden.size(0), width = hidden.size(1), h = hidden.size(2);
   auto flat = hidden.reshape({rows * width, h});
   // NSP from each instance's pooled [CLS] state.
-  auto first = batch.packed() ? flat.index_select(0, batch.cls_index) : hidden.select(1, 0);
-  auto pooled = torch::tanh(bert->pooler->dense(first));
-  out.nsp_logits = cls->seq_relationship(pooled);
+  if (cfg_.next_sentence) {
+    auto first = batch.packed() ? flat.index_select(0, batch.cls_index) : hidden.select(1, 0);
+    auto pooled = torch::tanh(bert->pooler->dense(first));
+    out.nsp_logits = cls->seq_relationship(pooled);
+  }
   // MLM only at the M real predictions, picked from the flat rows.
   auto keep = batch.masked_ids.reshape({-1}).ge(0).nonzero().squeeze(1);
   auto at = batch.packed() ? batch.masked_positions
@@ -369,7 +373,7 @@ struct BertForClassificationImpl::Parts {
 BertForClassificationImpl::BertForClassificationImpl(const BertConfig& cfg, int64_t classes)
     : cfg_(cfg), p_(std::make_shared<Parts>()) {
   COHORT_CHECK(classes >= 2, ConfigError, "a classifier needs at least 2 classes (got ", classes, ")");
-  p_->bert = register_module("bert", Bert(cfg));
+  p_->bert = register_module("bert", Bert(cfg, /*pooler_too=*/true));
   // After every encoder site (3 * layers + 1 is past the last).
   p_->dropout = register_module("dropout", SampleDropout(cfg.hidden_dropout, layer_site(cfg.layers, 1)));
   p_->classifier = register_module("classifier", nn::Linear(cfg.hidden, classes));

@@ -32,8 +32,12 @@ struct BertConfig {
   double attention_dropout = 0.1;
   double init_std = 0.02;
   double layer_norm_eps = 1e-12;
+  // The NSP head (and the pooler it reads). Without it the model is Hugging
+  // Face's BertForMaskedLM: bert.* without bert.pooler, and cls.predictions.
+  bool next_sentence = true;
 
-  // From model.* keys; a vocab size of 0 there means `data_vocab_size`.
+  // From model.* keys (next_sentence stays true: the task decides); a vocab
+  // size of 0 there means `data_vocab_size`.
   // Throws ConfigError for inconsistent sizes (hidden not divisible by heads).
   static BertConfig from(const ModelOptions& opts, int64_t data_vocab_size);
 };
@@ -59,7 +63,7 @@ struct BertBatch {
 struct BertOutputs {
   torch::Tensor mlm_logits;  // [M,V] at the M real masked positions (row-major over [B,P])
   torch::Tensor mlm_labels;  // int64 [M]
-  torch::Tensor nsp_logits;  // [B,2]
+  torch::Tensor nsp_logits;  // [B,2]; undefined without the NSP head
 };
 
 class BertForPretrainingImpl : public torch::nn::Module {

@@ -131,21 +131,6 @@ std::vector<TokenDocument> tokenize_documents(const std::vector<Document>& docs,
   return out;
 }
 
-MaskingVocab MaskingVocab::from(const Vocab& vocab) {
-  MaskingVocab mv;
-  mv.cls = vocab.require("[CLS]");
-  mv.sep = vocab.require("[SEP]");
-  mv.mask = vocab.require("[MASK]");
-  mv.continuation.resize(static_cast<size_t>(vocab.size()), 0);
-  for (int32_t id = 0; id < vocab.size(); ++id) {
-    const std::string& t = vocab.token(id);
-    mv.continuation[static_cast<size_t>(id)] = t.size() > 2 && t[0] == '#' && t[1] == '#';
-    bool bracketed = t.size() >= 3 && t.front() == '[' && t.back() == ']';
-    if (!bracketed) mv.random_pool.push_back(id);
-  }
-  return mv;
-}
-
 int64_t num_to_predict(int64_t length, const InstanceOptions& opts) {
   // nearbyint rounds half to even in the default rounding mode, as Python's
   // round() does.
@@ -154,10 +139,6 @@ int64_t num_to_predict(int64_t length, const InstanceOptions& opts) {
 }
 
 namespace {
-
-bool is_continuation(const MaskingVocab& v, int32_t id) {
-  return id >= 0 && static_cast<size_t>(id) < v.continuation.size() && v.continuation[static_cast<size_t>(id)];
-}
 
 // Picks the masked-LM targets of `inst` (tokens and segment_a already set)
 // and replaces their tokens: 80% [MASK], 10% unchanged, 10% a random token.
@@ -179,9 +160,9 @@ void mask_tokens(Instance& inst, const MaskingVocab& v, const InstanceOptions& o
   // "##" piece joins the group of the piece right before it, so a word is
   // masked entirely or not at all.
   for (int32_t i = 1; i < len - 1; ++i) {
-    if (i == first_sep) continue;
+    if (i == first_sep || tokens[static_cast<size_t>(i)] == v.sep) continue;  // full sentences: every [SEP]
     bool joins = opts.whole_word_mask && !cand.empty() && cand.back() == i - 1 &&
-                 is_continuation(v, tokens[static_cast<size_t>(i)]);
+                 v.is_continuation(tokens[static_cast<size_t>(i)]);
     if (!joins) starts.push_back(cand.size());
     cand.push_back(i);
   }
@@ -216,6 +197,14 @@ void mask_tokens(Instance& inst, const MaskingVocab& v, const InstanceOptions& o
     inst.positions.push_back(pos);
     inst.labels.push_back(label);
   }
+}
+
+// --masking none: the instance as it was before mask_tokens picked targets.
+void unmask(Instance& inst) {
+  for (size_t j = 0; j < inst.positions.size(); ++j)
+    inst.tokens[static_cast<size_t>(inst.positions[j])] = inst.labels[j];
+  inst.positions.clear();
+  inst.labels.clear();
 }
 
 // Another document than `index`, uniformly (itself only when it is alone).
@@ -298,11 +287,46 @@ std::vector<Instance> document_instances(const std::vector<TokenDocument>& docs,
     inst.tokens.push_back(vocab.sep);
     inst.random_next = random_next;
     mask_tokens(inst, vocab, opts, rng);
+    if (!opts.mask) unmask(inst);  // the same draws either way: the same instances
     out.push_back(std::move(inst));
 
     chunk.clear();
     chunk_tokens = 0;
   }
+  return out;
+}
+
+std::vector<Instance> full_sentence_rows(const std::vector<TokenDocument>& docs, const MaskingVocab& vocab,
+                                         const InstanceOptions& opts) {
+  const auto max_tokens = static_cast<size_t>(opts.max_seq_length - 2);  // room for [CLS] and the last [SEP]
+  std::vector<Instance> out;
+  Instance cur;
+  auto flush = [&] {
+    if (cur.tokens.size() <= 1) return;
+    if (cur.tokens.back() != vocab.sep) cur.tokens.push_back(vocab.sep);
+    cur.segment_a = static_cast<int32_t>(cur.tokens.size());  // one segment
+    out.push_back(std::move(cur));
+    cur = Instance{};
+  };
+  for (const TokenDocument& doc : docs) {
+    for (const auto& sentence : doc) {
+      // A sentence longer than a row is cut into row-sized pieces.
+      for (size_t lo = 0; lo < sentence.size(); lo += max_tokens) {
+        const size_t n = std::min(max_tokens, sentence.size() - lo);
+        if (cur.tokens.empty()) cur.tokens.push_back(vocab.cls);
+        if (cur.tokens.size() - 1 + n > max_tokens) {
+          flush();
+          cur.tokens.push_back(vocab.cls);
+        }
+        cur.tokens.insert(cur.tokens.end(), sentence.begin() + static_cast<std::ptrdiff_t>(lo),
+                          sentence.begin() + static_cast<std::ptrdiff_t>(lo + n));
+      }
+    }
+    // Between documents, an extra [SEP] (RoBERTa's FULL-SENTENCES), when it fits.
+    if (cur.tokens.size() > 1 && cur.tokens.size() - 1 < max_tokens) cur.tokens.push_back(vocab.sep);
+    else flush();
+  }
+  flush();
   return out;
 }
 
@@ -317,6 +341,28 @@ std::vector<Instance> make_instances(const std::vector<TokenDocument>& docs, con
     COHORT_CHECK(!docs[d].empty(), Error, "make_instances: document ", d, " has no tokens");
   }
   const auto n = static_cast<int64_t>(docs.size());
+  if (!opts.next_sentence) {
+    // The rows are the same in every round; only their masks differ. Row i
+    // of round r masks from Rng(stream_seed(seed, r, i)).
+    const std::vector<Instance> rows = full_sentence_rows(docs, vocab, opts);
+    const auto per_round = static_cast<int64_t>(rows.size());
+    std::vector<Instance> out(static_cast<size_t>(per_round * std::max<int64_t>(0, opts.dupe_factor)));
+    for (int64_t round = 0; round < opts.dupe_factor; ++round) {
+      parallel_for(
+          per_round, opts.threads,
+          [&](int64_t i) {
+            Instance inst = rows[static_cast<size_t>(i)];
+            if (opts.mask) {
+              Rng rng(stream_seed(opts.seed, static_cast<uint64_t>(round), static_cast<uint64_t>(i)));
+              mask_tokens(inst, vocab, opts, rng);
+            }
+            out[static_cast<size_t>(round * per_round + i)] = std::move(inst);
+          },
+          tick);
+      if (done) done->fetch_add(n, std::memory_order_relaxed);
+    }
+    return out;
+  }
   const int64_t tasks = n * std::max<int64_t>(0, opts.dupe_factor);
   std::vector<std::vector<Instance>> parts(static_cast<size_t>(tasks));
   parallel_for(

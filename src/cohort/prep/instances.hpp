@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "cohort/data/bert_rows.hpp"
+#include "cohort/data/masking.hpp"
 #include "cohort/text/wordpiece.hpp"
 
 #include "cohort/core/random.hpp"
@@ -72,15 +73,8 @@ std::vector<TokenDocument> tokenize_documents(const std::vector<Document>& docs,
                                               std::atomic<int64_t>* bytes = nullptr,
                                               const std::function<void()>& tick = {});
 
-// What masking needs to know about the vocabulary.
-struct MaskingVocab {
-  int32_t cls = -1, sep = -1, mask = -1;
-  std::vector<uint8_t> continuation;  // by id: 1 for "##" pieces
-  std::vector<int32_t> random_pool;   // ids a random replacement draws from:
-                                      // all but bracketed tokens ([PAD], [unused0], ...)
-  // DataError when [CLS], [SEP] or [MASK] is missing.
-  static MaskingVocab from(const Vocab& vocab);
-};
+// What masking needs to know about the vocabulary (data/masking.hpp).
+using cohort::MaskingVocab;
 
 struct InstanceOptions {
   int64_t max_seq_length = 128;
@@ -89,6 +83,11 @@ struct InstanceOptions {
   double short_seq_prob = 0.1;
   int64_t dupe_factor = 5;
   bool whole_word_mask = false;
+  // false (--masking none): rows keep their tokens and carry no targets;
+  // the instances are those masking would have made (the same draws).
+  bool mask = true;
+  // false (--nsp false): RoBERTa's FULL-SENTENCES rows instead of pairs.
+  bool next_sentence = true;
   uint64_t seed = 12345;
   int threads = 0;  // 0: every core
 };
@@ -114,11 +113,20 @@ std::vector<Instance> document_instances(const std::vector<TokenDocument>& docs,
 
 // Every document's instances for dupe_factor rounds, in (round, document)
 // order; document d of round r draws from Rng(stream_seed(seed, r, d)).
+// Without next_sentence, full_sentence_rows once, masked in every round.
 // Every document must have a sentence (Error otherwise). `done`, when
 // given, counts finished (round, document) pairs.
 std::vector<Instance> make_instances(const std::vector<TokenDocument>& docs, const MaskingVocab& vocab,
                                      const InstanceOptions& opts, std::atomic<int64_t>* done = nullptr,
                                      const std::function<void()>& tick = {});
+
+// --nsp false: RoBERTa's FULL-SENTENCES rows. Each row is [CLS], then whole
+// sentences taken in order, across document boundaries with an extra [SEP]
+// between documents, up to max_seq_length with the closing [SEP]; one
+// segment, next_sentence_labels 0. A sentence longer than a row is cut.
+// Not masked.
+std::vector<Instance> full_sentence_rows(const std::vector<TokenDocument>& docs, const MaskingVocab& vocab,
+                                         const InstanceOptions& opts);
 
 // Appends one row, 0-padded to rows.seq_len and rows.max_predictions
 // (which must be set and fit the instance).

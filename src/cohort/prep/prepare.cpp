@@ -44,6 +44,9 @@ void validate(const PrepareOptions& o) {
   COHORT_CHECK(o.instances.short_seq_prob >= 0 && o.instances.short_seq_prob <= 1, UsageError,
                "--short-seq-prob must be in [0, 1], got ", o.instances.short_seq_prob);
   COHORT_CHECK(o.instances.dupe_factor >= 1, UsageError, "--dupe-factor must be at least 1, got ", o.instances.dupe_factor);
+  COHORT_CHECK(o.instances.mask || o.instances.next_sentence || o.instances.dupe_factor == 1, UsageError,
+               "--dupe-factor ", o.instances.dupe_factor, " with --masking none --nsp false would write the same rows ",
+               o.instances.dupe_factor, " times; dynamic masking (task.masking dynamic) varies them: use --dupe-factor 1");
   COHORT_CHECK(o.valid_fraction >= 0 && o.valid_fraction < 1, UsageError, "--valid-fraction must be in [0, 1), got ",
                o.valid_fraction);
   COHORT_CHECK(o.test_fraction >= 0 && o.test_fraction < 1, UsageError, "--test-fraction must be in [0, 1), got ",
@@ -177,7 +180,8 @@ BertRows shard_rows(const PrepareOptions& o, const std::vector<Instance>& instan
                     int64_t first, int64_t last) {
   BertRows rows;
   rows.seq_len = o.instances.max_seq_length;
-  rows.max_predictions = o.instances.max_predictions;
+  // --masking none: one column of no targets (the layout needs the keys).
+  rows.max_predictions = o.instances.mask ? o.instances.max_predictions : 1;
   const auto n = static_cast<size_t>(last - first);
   rows.input_ids.reserve(n * static_cast<size_t>(rows.seq_len));
   rows.input_mask.reserve(n * static_cast<size_t>(rows.seq_len));
@@ -248,11 +252,13 @@ ManifestRecord options_record(const PrepareOptions& o) {
   m.vocab_source = o.vocab.empty() ? std::string("built") : o.vocab;
   m.lowercase = o.lowercase;
   m.max_seq_length = o.instances.max_seq_length;
-  m.max_predictions = o.instances.max_predictions;
+  m.max_predictions = o.instances.mask ? o.instances.max_predictions : 1;
   m.masked_lm_prob = o.instances.masked_lm_prob;
   m.short_seq_prob = o.instances.short_seq_prob;
   m.dupe_factor = o.instances.dupe_factor;
   m.whole_word_mask = o.instances.whole_word_mask;
+  m.masked = o.instances.mask;
+  m.next_sentence = o.instances.next_sentence;
   m.valid_fraction = o.valid_fraction;
   m.test_fraction = o.test_fraction;
   m.rows_per_shard = o.rows_per_shard;
@@ -269,9 +275,12 @@ void print_summary(const PrepareOptions& o, const ManifestRecord& m) {
               static_cast<long long>(tr.documents + va.documents + te.documents),
               static_cast<long long>(tr.documents), static_cast<long long>(va.documents),
               static_cast<long long>(te.documents));
-  std::printf("  instances  train %lld, valid %lld, test %lld (length %lld, %lld predictions)\n",
+  const std::string targets = o.instances.mask ? std::to_string(o.instances.max_predictions) + " predictions"
+                                               : std::string("unmasked: train with task.masking dynamic");
+  std::printf("  instances  train %lld, valid %lld, test %lld (%s, length %lld, %s)\n",
               static_cast<long long>(tr.rows), static_cast<long long>(va.rows), static_cast<long long>(te.rows),
-              static_cast<long long>(o.instances.max_seq_length), static_cast<long long>(o.instances.max_predictions));
+              o.instances.next_sentence ? "sentence pairs" : "full sentences",
+              static_cast<long long>(o.instances.max_seq_length), targets.c_str());
   std::printf("  tokens     %lld in the rows (%lld of text), [UNK] %s%% (vocabulary %d)\n",
               static_cast<long long>(m.tokens), static_cast<long long>(m.text_tokens),
               fixed(m.unk_fraction * 100, 3).c_str(), static_cast<int>(m.vocab_size));

@@ -1,13 +1,11 @@
 #include "cohort/train/sharded_optim.hpp"
 
 #include <ATen/ops/_fused_adamw.h>
-
+#include <malloc.h>
 #include <torch/serialize.h>
 
 #include <cmath>
 #include <filesystem>
-
-#include <malloc.h>
 #include <map>
 
 #include "cohort/core/error.hpp"
@@ -23,7 +21,6 @@ ShardedOptimizer::ShardedOptimizer(Comm& comm, torch::nn::Module& module, const 
       mode_(cfg.dist.shard),
       kind_(cfg.optim.name),
       module_(module) {
-  COHORT_CHECK(kind_ != OptimizerKind::kSgd, ConfigError, "dist.shard needs optim.name adamw or lamb");
   std::vector<int64_t> numels;
   for (auto& p : module.parameters()) {
     if (!p.requires_grad()) continue;

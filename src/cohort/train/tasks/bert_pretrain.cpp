@@ -3,19 +3,30 @@
 // NVIDIA's: mean MLM cross-entropy over masked tokens plus mean NSP
 // cross-entropy over sentence pairs, each a mean over the global batch.
 // Metrics: loss, mlm_loss, mlm_accuracy, nsp_loss, nsp_accuracy.
+//
+// Its keys choose the recipe: task.masking static (the shards' masks, as
+// NVIDIA's 2019 recipe) or dynamic (drawn per sample and epoch,
+// data/masking.hpp) with task.mask-prob, task.mask-replace,
+// task.max-predictions and task.whole-word; task.nsp false drops the NSP
+// head (a BertForMaskedLM) and its loss.
 #include <torch/nn/functional.h>
 
+#include <cctype>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/data/bert_shards.hpp"
 #include "cohort/data/manifest.hpp"
+#include "cohort/data/masking.hpp"
 #include "cohort/distributed/world.hpp"
 #include "cohort/core/files.hpp"
 #include "cohort/model/bert.hpp"
 #include "cohort/text/hf_tokenizer.hpp"
+#include "cohort/text/wordpiece.hpp"
 #include "cohort/train/tasks/registry.hpp"
 
 namespace cohort {
@@ -24,22 +35,83 @@ namespace {
 
 namespace F = torch::nn::functional;
 
+const char* const kMaskingKey = "task.masking";
+
+// task.mask-replace: three proportions ([MASK], random, unchanged) summing to 1.
+std::vector<double> mask_replace(const std::string& text) {
+  std::vector<double> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    size_t used = 0;
+    double v = -1;
+    try {
+      v = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    while (used < item.size() && std::isspace(static_cast<unsigned char>(item[used]))) ++used;
+    if (used == 0 || used != item.size() || !(v >= 0 && v <= 1)) return {};
+    out.push_back(v);
+  }
+  if (out.size() != 3 || std::abs(out[0] + out[1] + out[2] - 1) > 1e-6) return {};
+  return out;
+}
+
+const bool bert_pretrain_keys_declared = [] {
+  declare_task_keys({
+      {kMaskingKey, std::string("static"),
+       "bert-pretrain: static = the masks cohort prepare drew; dynamic = drawn afresh per sample and epoch from "
+       "(train.seed, epoch, sample id), the same on any world size",
+       KeyScope::kFixed,
+       [](const TaskValue& v) {
+         const auto& m = std::get<std::string>(v);
+         return m == "static" || m == "dynamic" ? "" : "must be static or dynamic";
+       }},
+      {"task.mask-prob", 0.15, "bert-pretrain, dynamic masking: the chance that a token (a word, with task.whole-word) "
+                               "is a target",
+       KeyScope::kFixed,
+       [](const TaskValue& v) {
+         double p = std::get<double>(v);
+         return p > 0 && p <= 1 ? "" : "must be in (0, 1]";
+       }},
+      {"task.mask-replace", std::string("0.8,0.1,0.1"),
+       "bert-pretrain, dynamic masking: the targets that become [MASK], a random token, or stay unchanged",
+       KeyScope::kFixed,
+       [](const TaskValue& v) {
+         return mask_replace(std::get<std::string>(v)).empty() ? "must be three proportions >= 0 summing to 1, "
+                                                                 "e.g. 0.8,0.1,0.1"
+                                                               : "";
+       }},
+      {"task.max-predictions", int64_t{0}, "bert-pretrain, dynamic masking: targets per sequence, at most; 0 = no cap",
+       KeyScope::kFixed, [](const TaskValue& v) { return std::get<int64_t>(v) >= 0 ? "" : "must be >= 0 (0: no cap)"; }},
+      {"task.whole-word", false,
+       "bert-pretrain, dynamic masking: mask every piece of a word (WordPiece's ## continuations) together"},
+      {"task.nsp", true,
+       "bert-pretrain: next sentence prediction; false = masked LM only (a BertForMaskedLM, RoBERTa's recipe)"},
+  });
+  return true;
+}();
+
+// The data's vocabulary: data.vocab, else DIR/vocab.txt; "" when none
+// (shards made elsewhere, as NVIDIA's, may come without one).
+std::string data_vocab_path(const Config& cfg) {
+  if (!cfg.data.vocab.empty()) return cfg.data.vocab;
+  auto beside = std::filesystem::path(cfg.data.path) / "vocab.txt";
+  return std::filesystem::exists(beside) ? beside.string() : std::string();
+}
+
 class BertPretrainTask : public Task {
  public:
   BertPretrainTask(const Config& cfg, const World& world)
-      : dir_(cfg.data.path), shard_opts_(options(cfg)),
+      : dir_(cfg.data.path), vocab_path_(data_vocab_path(cfg)), nsp_(cfg.task_key<bool>("task.nsp")),
+        shard_opts_(options(cfg, vocab_path_)),
         train_(std::make_shared<BertShards>(cfg.data.path, "train", shard_opts_)), device_(world.device) {
     int64_t data_vocab = data_vocab_size(dir_);
     BertConfig bc = BertConfig::from(cfg.model, data_vocab);
+    bc.next_sentence = nsp_;
     check_against_data(bc, data_vocab);
     max_positions_ = bc.max_positions;
-    // The data's vocabulary and case, kept in the run for `cohort export`;
-    // shards made elsewhere (NVIDIA's) may come without one.
-    if (!cfg.data.vocab.empty()) {
-      vocab_path_ = cfg.data.vocab;
-    } else if (auto beside = std::filesystem::path(dir_) / "vocab.txt"; std::filesystem::exists(beside)) {
-      vocab_path_ = beside.string();
-    }
+    // The data's case, kept with its vocabulary in the run for `cohort export`.
     auto manifest = read_manifest(dir_);
     lowercase_ = manifest && manifest->lowercase ? *manifest->lowercase : cfg.data.lowercase;
     model_ = BertForPretraining(bc);
@@ -49,9 +121,10 @@ class BertPretrainTask : public Task {
   std::shared_ptr<torch::nn::Module> module() override { return model_.ptr(); }
   const Dataset& train_set() const override { return *train_; }
   std::string unit_name() const override { return "tokens"; }
-  size_t loss_terms() const override { return 2; }
-  std::string count_metric() const override { return "nsp_loss"; }
+  size_t loss_terms() const override { return nsp_ ? 2 : 1; }
+  std::string count_metric() const override { return nsp_ ? "nsp_loss" : "sequences"; }
   std::vector<std::string> metric_names() const override {
+    if (!nsp_) return {"mlm_accuracy", "mlm_loss", "sequences"};
     return {"mlm_accuracy", "mlm_loss", "nsp_accuracy", "nsp_loss"};
   }
 
@@ -73,8 +146,9 @@ class BertPretrainTask : public Task {
   }
 
   Units count_units(const Example& b) const override {
-    return {{b.at("masked_lm_ids").ge(0).sum().item<int64_t>(), b.at("next_sentence_labels").size(0)},
-            b.at("input_mask").sum().item<int64_t>()};
+    std::vector<int64_t> terms = {b.at("masked_lm_ids").ge(0).sum().item<int64_t>()};
+    if (nsp_) terms.push_back(b.at("next_sentence_labels").size(0));
+    return {terms, b.at("input_mask").sum().item<int64_t>()};
   }
 
   TaskOutput forward(const Example& b) override {
@@ -87,21 +161,28 @@ class BertPretrainTask : public Task {
     const auto& nsp_labels = b.at("next_sentence_labels");
     auto sum = F::CrossEntropyFuncOptions().reduction(torch::kSum);
     auto mlm_logits = out.mlm_logits.to(torch::kFloat32);
-    auto nsp_logits = out.nsp_logits.to(torch::kFloat32);
     auto mlm = F::cross_entropy(mlm_logits, out.mlm_labels, sum);
-    auto nsp = F::cross_entropy(nsp_logits, nsp_labels, sum);
     TaskOutput r;
-    r.loss_sums = {mlm, nsp};
+    r.loss_sums = {mlm};
     double m = static_cast<double>(out.mlm_labels.size(0)), n = static_cast<double>(nsp_labels.size(0));
     r.tally.add("mlm_loss", mlm.detach().item<double>(), m);
     r.tally.add("mlm_accuracy", mlm_logits.argmax(1).eq(out.mlm_labels).sum().item<double>(), m);
+    if (!nsp_) {
+      r.tally.add("sequences", n, n);
+      return r;
+    }
+    auto nsp_logits = out.nsp_logits.to(torch::kFloat32);
+    auto nsp = F::cross_entropy(nsp_logits, nsp_labels, sum);
+    r.loss_sums.push_back(nsp);
     r.tally.add("nsp_loss", nsp.detach().item<double>(), n);
     r.tally.add("nsp_accuracy", nsp_logits.argmax(1).eq(nsp_labels).sum().item<double>(), n);
     return r;
   }
 
   std::vector<std::pair<std::string, double>> report(const Tally& t) const override {
-    double mlm = mean_or_zero(t, "mlm_loss"), nsp = mean_or_zero(t, "nsp_loss");
+    double mlm = mean_or_zero(t, "mlm_loss");
+    if (!nsp_) return {{"loss", mlm}, {"mlm_loss", mlm}, {"mlm_accuracy", mean_or_zero(t, "mlm_accuracy")}};
+    double nsp = mean_or_zero(t, "nsp_loss");
     return {{"loss", mlm + nsp},
             {"mlm_loss", mlm},
             {"mlm_accuracy", mean_or_zero(t, "mlm_accuracy")},
@@ -110,15 +191,51 @@ class BertPretrainTask : public Task {
   }
 
  private:
-  static BertShardsOptions options(const Config& cfg) {
+  // The shards' reading options; for dynamic masking, the masker. Config
+  // errors that need no shards fail here.
+  static BertShardsOptions options(const Config& cfg, const std::string& vocab_path) {
     BertShardsOptions o;
     o.pack = cfg.data.pack;
+    const bool dynamic = cfg.task_key<std::string>(kMaskingKey) == "dynamic";
+    MaskOptions m;
+    m.prob = cfg.task_key<double>("task.mask-prob");
+    std::vector<double> replace = mask_replace(cfg.task_key<std::string>("task.mask-replace"));
+    m.replace_mask = replace.at(0);
+    m.replace_random = replace.at(1);
+    m.max_predictions = cfg.task_key<int64_t>("task.max-predictions");
+    m.whole_word = cfg.task_key<bool>("task.whole-word");
+    m.seed = cfg.train.seed;
+    if (!dynamic) {
+      // The shards' masks are what they are: a dynamic-masking key would be ignored.
+      const MaskOptions d;
+      const char* set = m.prob != d.prob                                               ? "task.mask-prob"
+                        : m.replace_mask != d.replace_mask || m.replace_random != d.replace_random ? "task.mask-replace"
+                        : m.max_predictions != d.max_predictions                                  ? "task.max-predictions"
+                        : m.whole_word                                                             ? "task.whole-word"
+                                                                                                   : nullptr;
+      COHORT_CHECK(set == nullptr, ConfigError, set, " applies to task.masking dynamic; with static masking the "
+                   "shards' masks are used (cohort prepare --masked-lm-prob, --whole-word-mask)");
+      return o;
+    }
+    COHORT_CHECK(!vocab_path.empty(), ConfigError, "task.masking dynamic needs the vocabulary the shards were made "
+                 "with ([MASK], [CLS], [SEP], ## pieces): set data.vocab (", cfg.data.path, " has no vocab.txt)");
+    o.masking = std::make_shared<DynamicMasking>(MaskingVocab::from(text::Vocab::load(vocab_path)), m);
     return o;
   }
 
   // A config that cannot fit its data fails here, before any step.
   void check_against_data(const BertConfig& bc, int64_t data_vocab) const {
     const auto& info = train_->info();
+    COHORT_CHECK(info.masked || shard_opts_.masking, ConfigError, "the shards under ", dir_,
+                 " carry no masks (cohort prepare --masking none): set task.masking dynamic");
+    COHORT_CHECK(info.next_sentence || !nsp_, ConfigError, "the shards under ", dir_,
+                 " hold full-sentence rows, not sentence pairs (cohort prepare --nsp false): set task.nsp false");
+    if (shard_opts_.masking) {
+      const auto vocab = static_cast<int64_t>(shard_opts_.masking->vocab().continuation.size());
+      COHORT_CHECK(vocab <= bc.vocab_size, ConfigError, vocab_path_, " holds ", vocab,
+                   " tokens but the model's vocabulary is ", bc.vocab_size,
+                   ": is it the vocabulary the shards were made with?");
+    }
     COHORT_CHECK(info.seq_len <= bc.max_positions, ConfigError, "model.max-positions is ", bc.max_positions,
                  " but the shards under ", dir_, " hold sequences of length ", info.seq_len);
     COHORT_CHECK(data_vocab <= 0 || data_vocab <= bc.vocab_size, ConfigError, "model.vocab-size is ",
@@ -134,6 +251,7 @@ class BertPretrainTask : public Task {
 
   std::string dir_;
   std::string vocab_path_;  // "": none known
+  bool nsp_ = true;
   bool lowercase_ = true;
   int64_t max_positions_ = 512;
   BertShardsOptions shard_opts_;
