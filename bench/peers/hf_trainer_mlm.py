@@ -3,7 +3,7 @@
 (no NSP) with transformers.Trainer, BertForMaskedLM and
 DataCollatorForLanguageModeling, as users run them: one process on the CPU,
 the collator masking each batch afresh (dynamic masking), dynamic padding,
-fp32, the Trainer's defaults for the loader (no workers) and optimizer
+fp32 (--precision bf16: the Trainer's bf16=True), the Trainer's defaults for the loader (no workers) and optimizer
 (AdamW, torch's).
 
 Training rows: DIR/train/*.hdf5, shards from `cohort prepare --masking none
@@ -86,6 +86,8 @@ def main():
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--warmup-ratio", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: TrainingArguments(bf16=True), CPU autocast")
     args = ap.parse_args()
 
     tok = BertTokenizer(args.vocab, do_lower_case=True)
@@ -99,7 +101,8 @@ def main():
         output_dir=out, per_device_train_batch_size=args.batch, max_steps=args.steps, learning_rate=args.lr,
         weight_decay=0.01, adam_epsilon=1e-6, lr_scheduler_type="linear",
         warmup_steps=int(args.warmup_ratio * args.steps), max_grad_norm=1.0, use_cpu=True, report_to=[],
-        save_strategy="no", logging_steps=max(1, args.steps // 10), disable_tqdm=True, seed=args.seed)
+        save_strategy="no", logging_steps=max(1, args.steps // 10), disable_tqdm=True, seed=args.seed,
+        bf16=args.precision == "bf16")
     trainer = Trainer(model=model, args=targs, train_dataset=Rows(train["input_ids"], train["input_mask"]),
                       data_collator=DataCollatorForLanguageModeling(tok, mlm_probability=args.mask_prob))
     t0 = time.time()
