@@ -214,6 +214,12 @@ TEST(Config, ResumeRefusesFixedKeysAndReportsTheRest) {
   EXPECT_EQ(ok, (std::vector<std::string>{"optim.lr: 0.001 -> 0.0005", "log.every-steps: 50 -> 10"}));
   std::string e = error_of([&] { check_resume_config(saved, "[model]\nname = \"mlp\"\nhidden = 128\n"); });
   EXPECT_NE(e.find("model.hidden was 64 in the checkpoint but is 128"), std::string::npos) << e;
+  // A key the checkpoint's config lacks had its default then.
+  std::string older = "[model]\nname = \"mlp\"\n";
+  EXPECT_TRUE(check_resume_config(older, "[model]\nname = \"mlp\"\nhidden = 256\n").empty());
+  e = error_of([&] { check_resume_config(older, "[model]\nname = \"mlp\"\nhidden = 64\n"); });
+  EXPECT_NE(e.find("model.hidden was 256 (the default; the checkpoint's config predates the key)"), std::string::npos)
+      << e;
 }
 
 TEST(Config, EveryKeyHasOneScope) {

@@ -10,6 +10,7 @@
 #include "cohort/ckpt/safetensors.hpp"
 #include "cohort/core/random.hpp"
 #include "cohort/data/bert_shards.hpp"
+#include "cohort/data/loader.hpp"
 #include "cohort/data/masking.hpp"
 #include "cohort/prep/instances.hpp"
 #include "cohort/text/wordpiece.hpp"
@@ -234,8 +235,53 @@ TEST(FullSentences, RowsHoldWholeSentencesInOrderAcrossDocuments) {
   }
   EXPECT_EQ(seen, text) << "every token once, in order";
   EXPECT_GE(separators, 1) << "a [SEP] between documents that share a row";
-  // Rows are filled: no row but the last could have taken the next sentence.
-  EXPECT_LT(out.size(), 7u);
+  // Rows are filled (worked by hand: 14 tokens a row): [5 4], [6 | 3], [14
+  // of the 20], [6 2], [7 7]; one [SEP] between documents inside a row.
+  EXPECT_EQ(out.size(), 5u);
+  EXPECT_EQ(separators, 1);
+
+  // Static masks on full-sentence rows never pick a [CLS] or [SEP].
+  o.next_sentence = false;
+  o.max_predictions = 4;
+  o.dupe_factor = 3;
+  o.threads = 2;
+  auto masked = cohort::prep::make_instances(docs, v, o);
+  ASSERT_EQ(masked.size(), 3 * out.size());
+  for (const auto& inst : masked) {
+    EXPECT_EQ(static_cast<int64_t>(inst.positions.size()), cohort::prep::num_to_predict(
+                                                                static_cast<int64_t>(inst.tokens.size()), o));
+    for (size_t j = 0; j < inst.positions.size(); ++j) {
+      const int32_t original = inst.labels[j];
+      EXPECT_NE(original, kSep);
+      EXPECT_NE(original, kCls);
+    }
+  }
+}
+
+// The loader hands a dataset each step's epoch: the epoch of the cursor the
+// step starts at, also when a step's batch is built ahead on a worker.
+TEST(DynamicMasking, TheLoaderDrawsEachStepWithItsEpoch) {
+  struct Draws : cohort::Dataset {
+    int64_t size() const override { return 10; }
+    cohort::Example get(int64_t) const override { throw std::logic_error("draw_batch only"); }
+    cohort::Example get_batch(const std::vector<int64_t>&) const override { throw std::logic_error("draw_batch only"); }
+    cohort::Example draw_batch(const std::vector<int64_t>& ids, int64_t epoch) const override {
+      return {{"epoch", torch::full({static_cast<int64_t>(ids.size())}, epoch, torch::kInt64)}};
+    }
+    std::string describe() const override { return "draws"; }
+  } data;
+  cohort::GlobalOrder order(10, 4, 1, false);  // 3 steps an epoch: 4, 4, 2
+  cohort::LoaderOptions lo;
+  lo.workers = 2;
+  cohort::Loader loader(data, order, lo, cohort::Cursor{1, 4});
+  std::set<int64_t> epochs;
+  for (int step = 0; step < 7; ++step) {
+    cohort::StepBatch b = loader.next();
+    ASSERT_FALSE(b.micro.empty());
+    EXPECT_TRUE(b.micro[0].at("epoch").eq(b.cursor.epoch).all().item<bool>()) << "step " << step;
+    epochs.insert(b.cursor.epoch);
+  }
+  EXPECT_EQ(epochs, (std::set<int64_t>{1, 2, 3}));
 }
 
 // Shards with static masks, restored, are exactly the unmasked shards
@@ -365,6 +411,32 @@ TEST(DynamicMasking, MaskedLmOnlyTrainsAndExportsBertForMaskedLM) {
   EXPECT_EQ(weights.tensors.count("bert.pooler.dense.weight"), 0u);
   EXPECT_EQ(weights.tensors.count("cls.seq_relationship.weight"), 0u);
   EXPECT_EQ(weights.tensors.count("cls.predictions.decoder.weight"), 1u);
+}
+
+// model.init crosses task.nsp: an NSP run's weights start an MLM-only run
+// (its pooler and NSP head left out) and back (initialised), with a note.
+// task.* keys are fixed on resume.
+TEST(DynamicMasking, InitCrossesTheNspHeadAndResumeKeepsTheRecipe) {
+  TempDir tmp;
+  ASSERT_EQ(cohort::test::prepare_tiny_bert(tmp, 32).code, 0);
+  const std::string base = "train --train.task bert-pretrain --model.name bert --model.hidden 16 --model.layers 1 "
+                           "--model.heads 2 --model.max-positions 32 --train.max-steps 2 --data.global-batch 8 "
+                           "--data.path " + tmp / "data";
+  auto nsp = run_cohort(base + " --quiet --out " + tmp / "nsp");
+  ASSERT_EQ(nsp.code, 0) << nsp.err;
+  auto mlm = run_cohort(base + " --task.nsp=false --task.masking dynamic --model.init " + tmp / "nsp" + " --out " +
+                        tmp / "mlm");
+  ASSERT_EQ(mlm.code, 0) << mlm.err;
+  EXPECT_NE((mlm.out + mlm.err).find("cls.seq_relationship.weight"), std::string::npos) << mlm.out << mlm.err;
+  auto back = run_cohort(base + " --quiet --model.init " + tmp / "mlm" + " --out " + tmp / "back");
+  ASSERT_EQ(back.code, 0) << back.err;
+  // Other tensors must still match.
+  auto wrong = run_cohort(base + " --quiet --model.hidden 32 --model.init " + tmp / "nsp" + " --out " + tmp / "wrong");
+  EXPECT_EQ(wrong.code, 2) << wrong.err;
+  // The recipe is fixed on resume.
+  auto resumed = run_cohort("train --resume " + tmp / "nsp" + " --train.max-steps 4 --task.masking dynamic");
+  EXPECT_EQ(resumed.code, 2) << resumed.err;
+  EXPECT_NE(resumed.err.find("cannot resume: task.masking was"), std::string::npos) << resumed.err;
 }
 
 TEST(DynamicMasking, BadSettingsAreConfigErrors) {

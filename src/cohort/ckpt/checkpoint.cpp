@@ -297,12 +297,27 @@ NamedTensors module_tensors(torch::nn::Module& module) {
   return out;
 }
 
-void load_model_weights(torch::nn::Module& module, const std::string& path) {
+void load_model_weights(torch::nn::Module& module, const std::string& path) { load_model_weights(module, path, {}); }
+
+std::vector<std::string> load_model_weights(torch::nn::Module& module, const std::string& path,
+                                            const std::function<bool(const std::string&)>& may_skip) {
   auto weights = load_safetensors(path);
   torch::NoGradGuard no_grad;
   size_t matched = 0;
+  std::vector<std::string> skipped;
+  auto skippable = [&](const std::string& name) { return may_skip && may_skip(name); };
+  // The model's tensors the file lacks that may stay as initialised.
+  auto params = module.named_parameters();
+  auto buffers = module.named_buffers();
+  for (const auto* set : {&params, &buffers}) {
+    for (auto& item : *set) {
+      if (weights.tensors.count(item.key()) || !skippable(item.key())) continue;
+      skipped.push_back(item.key());
+    }
+  }
   auto load_into = [&](const std::string& name, torch::Tensor& dst) {
     auto it = weights.tensors.find(name);
+    if (it == weights.tensors.end() && skippable(name)) return;
     COHORT_CHECK(it != weights.tensors.end(), ConfigError, path, " has no tensor '", name,
                  "' that the model needs: was a model.* key changed?");
     COHORT_CHECK(it->second.sizes() == dst.sizes(), ConfigError, path, ": tensor '", name, "' has shape ",
@@ -311,8 +326,6 @@ void load_model_weights(torch::nn::Module& module, const std::string& path) {
     ++matched;
   };
   // Aliases first, so that a refused file leaves the model untouched.
-  auto params = module.named_parameters();
-  auto buffers = module.named_buffers();
   for (const auto& alias : kHuggingFaceAliases) {
     auto it = weights.tensors.find(alias.name);
     if (it == weights.tensors.end() || params.contains(alias.name) || buffers.contains(alias.name)) continue;
@@ -325,10 +338,27 @@ void load_model_weights(torch::nn::Module& module, const std::string& path) {
     }
     ++matched;
   }
+  // The file's tensors the model lacks: only skippable ones may be left out.
+  std::vector<std::string> extra;
+  for (const auto& [name, t] : weights.tensors) {
+    if (params.contains(name) || buffers.contains(name)) continue;
+    bool alias = std::any_of(std::begin(kHuggingFaceAliases), std::end(kHuggingFaceAliases),
+                             [&](const auto& a) { return name == a.name; });
+    if (alias) continue;
+    if (skippable(name)) {
+      skipped.push_back(name);
+      ++matched;
+    } else {
+      extra.push_back(name);
+    }
+  }
+  COHORT_CHECK(extra.empty(), ConfigError, path, " has ", extra.size(), " tensor(s) the model does not have (",
+               extra.front(), extra.size() > 1 ? ", ..." : "", "): was a model.* key changed?");
   for (auto& item : params) load_into(item.key(), item.value());
   for (auto& item : buffers) load_into(item.key(), item.value());
   COHORT_CHECK(matched == weights.tensors.size(), ConfigError, path, " has ", weights.tensors.size() - matched,
                " tensor(s) the model does not have: was a model.* key changed?");
+  return skipped;
 }
 
 WeightsLoad load_model_weights_partial(torch::nn::Module& module, const std::string& path) {

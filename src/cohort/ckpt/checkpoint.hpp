@@ -23,6 +23,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -123,6 +124,11 @@ class Checkpoints {
 // name. A missing, extra or differently shaped tensor is a ConfigError naming
 // the file and tensor.
 void load_model_weights(torch::nn::Module& module, const std::string& safetensors_path);
+// The same, except that a tensor for which `may_skip(name)` holds may be
+// missing from the file (left as initialised) or extra in it (left out).
+// Returns those names.
+std::vector<std::string> load_model_weights(torch::nn::Module& module, const std::string& safetensors_path,
+                                            const std::function<bool(const std::string&)>& may_skip);
 
 // A module's parameters and buffers by name (shared with the module: no copy).
 NamedTensors module_tensors(torch::nn::Module& module);

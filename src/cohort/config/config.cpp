@@ -459,14 +459,28 @@ std::string shared_config(const std::string& toml_text) {
 std::vector<std::string> check_resume_config(const std::string& saved_toml, const std::string& current_toml) {
   std::map<std::string, std::string> saved;
   for (auto& [k, v] : read_config_values(saved_toml)) saved[k] = v;
+  // A key the checkpoint's config lacks (it came with a later Cohort, or a
+  // task declared it since) had its default's behaviour when it was written.
+  std::map<std::string, std::string> defaults;
+  {
+    CLI::App app;
+    Config cfg;
+    ConfigBinding binding(app, cfg);
+    for (auto& [k, v] : read_config_values(binding.to_toml())) defaults[k] = v;
+  }
   std::vector<std::string> changes;
   for (auto& [key, value] : read_config_values(current_toml)) {
     auto it = saved.find(key);
-    if (it == saved.end() || it->second == value) continue;
-    COHORT_CHECK(scope_of(key) != KeyScope::kFixed, ConfigError, "cannot resume: ", key, " was ", it->second,
+    const bool known = it != saved.end();
+    auto d = defaults.find(key);
+    if (!known && d == defaults.end()) continue;
+    const std::string was = known ? it->second : d->second;
+    if (was == value) continue;
+    const std::string shown = known ? was : was + " (the default; the checkpoint's config predates the key)";
+    COHORT_CHECK(scope_of(key) != KeyScope::kFixed, ConfigError, "cannot resume: ", key, " was ", shown,
                  " in the checkpoint but is ", value,
                  " now; it changes what is trained. Resume with the original value or start a new run");
-    changes.push_back(key + ": " + it->second + " -> " + value);
+    changes.push_back(key + ": " + was + " -> " + value);
   }
   return changes;
 }

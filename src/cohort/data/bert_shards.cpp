@@ -390,7 +390,7 @@ Example BertShards::get(int64_t index) const {
 }
 
 void restore_masked_tokens(Example& batch) {
-  torch::Tensor ids = batch.at("input_ids").to(torch::kInt64).contiguous();
+  torch::Tensor ids = batch.at("input_ids").to(torch::kInt64).clone(at::MemoryFormat::Contiguous);
   const torch::Tensor pos = batch.at("masked_lm_positions").to(torch::kInt64).contiguous();
   const torch::Tensor mlm = batch.at("masked_lm_ids").to(torch::kInt64).contiguous();
   const int64_t n = ids.size(0), width = ids.size(1), p = pos.size(1);
@@ -409,7 +409,7 @@ void restore_masked_tokens(Example& batch) {
 
 Example BertShards::get_batch(const std::vector<int64_t>& indices) const {
   Example batch = impl_->gather(indices, true);
-  if (impl_->opts.masking && !impl_->info.masked) impl_->opts.masking->apply(batch, indices, kEvaluationEpoch);
+  if (impl_->opts.masking && !impl_->info.masked) impl_->opts.masking->apply_for_evaluation(batch, indices);
   return impl_->opts.pack ? pack_bert_rows(batch, impl_->info.seq_len, indices) : batch;
 }
 

@@ -63,18 +63,15 @@ struct BertShardsOptions {
   // task.masking = dynamic: draw_batch restores each row's tokens (a stored
   // target's id goes back to its position) and masks them afresh for the
   // epoch; get_batch (evaluation) keeps stored targets, and masks unmasked
-  // shards with the fixed key of epoch kEvaluationEpoch.
+  // shards with fixed keys (DynamicMasking::apply_for_evaluation: the same
+  // for every evaluation and seed).
   std::shared_ptr<const DynamicMasking> masking;
 };
 
-// The epoch whose masks evaluation draws on unmasked shards: the same for
-// every evaluation, and no training epoch's.
-constexpr int64_t kEvaluationEpoch = -1;
-
 // Puts each row's stored targets back: input_ids[b, masked_lm_positions[b, j]]
-// = masked_lm_ids[b, j] wherever the id is >= 0; then drops the targets
-// (masked_lm_positions/ids become [B, 1] of none). A collated, unpacked
-// batch as get_batch gives it.
+// = masked_lm_ids[b, j] wherever the id is >= 0 (in a copy of input_ids);
+// then drops the targets (masked_lm_positions/ids become [B, 1] of none).
+// A collated, unpacked batch as get_batch gives it.
 void restore_masked_tokens(Example& batch);
 
 // data.pack: the instances of a collated batch (get_batch's keys) packed

@@ -116,6 +116,15 @@ void DynamicMasking::mask_row(int64_t* tokens, int64_t length, uint64_t key, std
 }
 
 void DynamicMasking::apply(Example& batch, const std::vector<int64_t>& sample_ids, int64_t epoch) const {
+  apply_keyed(batch, sample_ids, opts_.seed, epoch);
+}
+
+void DynamicMasking::apply_for_evaluation(Example& batch, const std::vector<int64_t>& sample_ids) const {
+  apply_keyed(batch, sample_ids, /*seed=*/0, /*epoch=*/-1);
+}
+
+void DynamicMasking::apply_keyed(Example& batch, const std::vector<int64_t>& sample_ids, uint64_t seed,
+                                 int64_t epoch) const {
   // A copy: the caller's tensor may be shared (a copied Example shares them).
   torch::Tensor ids = batch.at("input_ids").to(torch::kInt64).clone(at::MemoryFormat::Contiguous);
   const torch::Tensor mask = batch.at("input_mask").to(torch::kInt64).contiguous();
@@ -129,7 +138,7 @@ void DynamicMasking::apply(Example& batch, const std::vector<int64_t>& sample_id
   for (int64_t b = 0; b < n; ++b) {
     int64_t length = width;  // real tokens are a prefix (the NVIDIA layout)
     while (length > 0 && real[b * width + length - 1] == 0) --length;
-    mask_row(tok + b * width, length, mask_key(opts_.seed, epoch, sample_ids[static_cast<size_t>(b)]),
+    mask_row(tok + b * width, length, mask_key(seed, epoch, sample_ids[static_cast<size_t>(b)]),
              pos[static_cast<size_t>(b)], lab[static_cast<size_t>(b)]);
     most = std::max(most, pos[static_cast<size_t>(b)].size());
   }

@@ -70,11 +70,16 @@ class DynamicMasking {
   // masked_lm_ids (-1-padded), [B,P] with P the most predictions of a row
   // (at least 1). Row b is sample sample_ids[b] of `epoch`.
   void apply(Example& batch, const std::vector<int64_t>& sample_ids, int64_t epoch) const;
+  // The same with fixed keys that no training draw uses and no train.seed
+  // changes (epoch -1, seed 0): evaluation's targets on unmasked shards.
+  void apply_for_evaluation(Example& batch, const std::vector<int64_t>& sample_ids) const;
 
   const MaskOptions& options() const { return opts_; }
   const MaskingVocab& vocab() const { return vocab_; }
 
  private:
+  void apply_keyed(Example& batch, const std::vector<int64_t>& sample_ids, uint64_t seed, int64_t epoch) const;
+
   MaskingVocab vocab_;
   MaskOptions opts_;
 };

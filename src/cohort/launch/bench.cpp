@@ -83,6 +83,15 @@ std::string peer_command(const fs::path& run_dir, int ranks, const BenchOptions&
   if (m.name == "mlp") return python + quote(peer_script("ddp_mlp.py")) + common;
   COHORT_CHECK(m.name == "bert", UsageError, "--peer pytorch mirrors the mlp and bert models (this config has model.name ",
                m.name, ")");
+  // The peer (bench/peers/bert_pretrain.py) runs the stored masks with NSP.
+  for (const char* key : {"task.masking", "task.nsp"}) {
+    auto it = cfg.task.find(key);
+    const bool other = it != cfg.task.end() && (std::holds_alternative<bool>(it->second)
+                                                     ? !std::get<bool>(it->second)
+                                                     : std::get<std::string>(it->second) != "static");
+    COHORT_CHECK(!other, UsageError, "--peer pytorch mirrors the static-mask NSP recipe; this config sets ", key,
+                 " (bench/masking_recipes.py compares the dynamic recipes with Hugging Face's Trainer)");
+  }
   auto manifest = read_manifest(cfg.data.path);
   COHORT_CHECK(manifest && manifest->max_seq_length > 0 && manifest->max_predictions > 0, UsageError,
                "--peer pytorch needs ", (fs::path(cfg.data.path) / "manifest.json").string(),

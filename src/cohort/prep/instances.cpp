@@ -298,6 +298,7 @@ std::vector<Instance> document_instances(const std::vector<TokenDocument>& docs,
 
 std::vector<Instance> full_sentence_rows(const std::vector<TokenDocument>& docs, const MaskingVocab& vocab,
                                          const InstanceOptions& opts) {
+  COHORT_CHECK(opts.max_seq_length >= 3, UsageError, "max_seq_length must be at least 3, got ", opts.max_seq_length);
   const auto max_tokens = static_cast<size_t>(opts.max_seq_length - 2);  // room for [CLS] and the last [SEP]
   std::vector<Instance> out;
   Instance cur;

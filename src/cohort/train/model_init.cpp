@@ -23,8 +23,13 @@ std::vector<std::string> load_init_weights(Task& task, const std::string& init) 
     throw DataError(std::string("model.init ") + e.what());
   }
   if (!task.init_partially()) {
-    load_model_weights(*task.module(), file);
-    return {"model.init: every tensor from " + file};
+    std::vector<std::string> skipped =
+        load_model_weights(*task.module(), file, [&](const std::string& name) { return task.init_may_skip(name); });
+    if (skipped.empty()) return {"model.init: every tensor from " + file};
+    std::string names;
+    for (const auto& n : skipped) names += (names.empty() ? "" : ", ") + n;
+    return {"model.init: every tensor from " + file + " but " + names +
+            " (initialised or left out: the heads of the other recipe, task.nsp)"};
   }
   WeightsLoad w = load_model_weights_partial(*task.module(), file);
   auto list = [](const std::vector<std::string>& names) {

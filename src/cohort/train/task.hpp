@@ -55,6 +55,10 @@ class Task {
   // True when the only loss term is per sample: the trainer then knows the
   // global count from the batch plan and skips a collective per step.
   virtual bool units_are_samples() const { return false; }
+  // True when a loss term may have no units in a whole global batch
+  // (bert-pretrain's dynamic masks can pick no token of a few short rows);
+  // the term then adds nothing that step. Otherwise no units is an error.
+  virtual bool units_may_be_zero() const { return false; }
   // What Units::throughput counts ("images", "tokens").
   virtual std::string unit_name() const = 0;
   // Every metric forward() tallies. Ranks with no samples still report them
@@ -75,6 +79,14 @@ class Task {
   // model.init for fine-tuning: true lets the task start from weights that
   // lack its heads (initialised) or hold others (ignored), logged by name.
   virtual bool init_partially() const { return false; }
+  // model.init without init_partially: tensors the model or the file may
+  // lack and still load (bert-pretrain: the pooler and NSP head, so that
+  // MLM-only training starts from a BertForPreTraining and back); the rest
+  // must match.
+  virtual bool init_may_skip(const std::string& name) const {
+    (void)name;
+    return false;
+  }
   // Files the run directory keeps for this task (name -> contents; a name
   // may hold a folder), e.g. the label names and the tokenizer that
   // `cohort export` copies; written by rank 0 when the run starts.

@@ -32,7 +32,7 @@ void zero_gradients(torch::nn::Module& module) {
 // any backward: from the batch plan, or one small all-reduce. Local steps
 // (no grad_sync) divide by this rank's own counts, and only the throughput
 // count is global.
-std::vector<double> global_units(const StepParts& parts, const StepBatch& batch) {
+std::vector<double> global_units(const StepParts& parts, const StepBatch& batch, int64_t step) {
   std::vector<double> units = {static_cast<double>(batch.global_samples), static_cast<double>(batch.global_samples)};
   if (!parts.grad_sync) {
     std::vector<double> local(parts.task.loss_terms() + 1, 0.0);
@@ -61,9 +61,14 @@ std::vector<double> global_units(const StepParts& parts, const StepBatch& batch)
     }
     units = parts.comm.all_reduce_sum(local, "unit count");
   }
-  // A term with no units in the global batch (dynamic masking that picked
-  // no token of a few short rows) sums to 0: it adds nothing to the step.
-  for (size_t i = 0; i + 1 < units.size(); ++i) units[i] = std::max(units[i], 1.0);
+  for (size_t i = 0; i + 1 < units.size(); ++i) {
+    // A term with no units in the global batch sums to 0: where the task
+    // allows it (dynamic masking that picked no token of a few short rows),
+    // it adds nothing to the step; elsewhere the data is broken.
+    COHORT_CHECK(units[i] > 0 || parts.task.units_may_be_zero(), Error, "step ", step,
+                 ": the global batch has no units for loss term ", i);
+    units[i] = std::max(units[i], 1.0);
+  }
   return units;
 }
 
@@ -86,7 +91,7 @@ StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch
   module.train();
   zero_gradients(module);
   if (parts.shards) parts.shards->zero_grad_range();
-  std::vector<double> units = global_units(parts, batch);
+  std::vector<double> units = global_units(parts, batch, state.step);
   StepResult result;
   result.tally = parts.task.empty_tally();
   const size_t rounds = reduce_rounds(parts, batch);

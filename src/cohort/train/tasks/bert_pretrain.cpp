@@ -122,6 +122,12 @@ class BertPretrainTask : public Task {
   const Dataset& train_set() const override { return *train_; }
   std::string unit_name() const override { return "tokens"; }
   size_t loss_terms() const override { return nsp_ ? 2 : 1; }
+  bool units_may_be_zero() const override { return shard_opts_.masking != nullptr; }
+  // task.nsp switches between BertForPreTraining's heads and BertForMaskedLM's:
+  // model.init may cross it.
+  bool init_may_skip(const std::string& name) const override {
+    return name.rfind("bert.pooler.", 0) == 0 || name.rfind("cls.seq_relationship.", 0) == 0;
+  }
   std::string count_metric() const override { return nsp_ ? "nsp_loss" : "sequences"; }
   std::vector<std::string> metric_names() const override {
     if (!nsp_) return {"mlm_accuracy", "mlm_loss", "sequences"};
@@ -200,6 +206,8 @@ class BertPretrainTask : public Task {
     MaskOptions m;
     m.prob = cfg.task_key<double>("task.mask-prob");
     std::vector<double> replace = mask_replace(cfg.task_key<std::string>("task.mask-replace"));
+    COHORT_CHECK(!replace.empty(), ConfigError, "task.mask-replace must be three proportions >= 0 summing to 1 (got ",
+                 cfg.task_key<std::string>("task.mask-replace"), ")");
     m.replace_mask = replace.at(0);
     m.replace_random = replace.at(1);
     m.max_predictions = cfg.task_key<int64_t>("task.max-predictions");
@@ -231,22 +239,29 @@ class BertPretrainTask : public Task {
     COHORT_CHECK(info.next_sentence || !nsp_, ConfigError, "the shards under ", dir_,
                  " hold full-sentence rows, not sentence pairs (cohort prepare --nsp false): set task.nsp false");
     if (shard_opts_.masking) {
+      // Masking reads the special ids and ## pieces from this file: it must be the shards'.
       const auto vocab = static_cast<int64_t>(shard_opts_.masking->vocab().continuation.size());
-      COHORT_CHECK(vocab <= bc.vocab_size, ConfigError, vocab_path_, " holds ", vocab,
-                   " tokens but the model's vocabulary is ", bc.vocab_size,
-                   ": is it the vocabulary the shards were made with?");
+      COHORT_CHECK(data_vocab <= 0 ? vocab <= bc.vocab_size : vocab == data_vocab, ConfigError, vocab_path_,
+                   " holds ", vocab, " tokens but ",
+                   data_vocab > 0 ? detail::cat("the shards under ", dir_, " were made with ", data_vocab)
+                                  : detail::cat("the model's vocabulary is ", bc.vocab_size),
+                   ": is it the vocabulary the shards were made with? (data.vocab)");
     }
     COHORT_CHECK(info.seq_len <= bc.max_positions, ConfigError, "model.max-positions is ", bc.max_positions,
                  " but the shards under ", dir_, " hold sequences of length ", info.seq_len);
     COHORT_CHECK(data_vocab <= 0 || data_vocab <= bc.vocab_size, ConfigError, "model.vocab-size is ",
                  bc.vocab_size, " but the data under ", dir_, " was made with a vocabulary of ", data_vocab);
-    // Shards without a manifest: look at the first rows' ids.
+    // Shards without a manifest: look at the first rows' ids and targets.
     std::vector<int64_t> first;
     for (int64_t i = 0; i < std::min<int64_t>(train_->size(), 256); ++i) first.push_back(i);
     if (first.empty()) return;
-    int64_t max_id = train_->get_batch(first).at("input_ids").max().item<int64_t>();
+    Example head = train_->get_batch(first);
+    int64_t max_id = head.at("input_ids").max().item<int64_t>();
     COHORT_CHECK(max_id < bc.vocab_size, ConfigError, "model.vocab-size is ", bc.vocab_size,
                  " but the shards under ", dir_, " hold token id ", max_id);
+    COHORT_CHECK(shard_opts_.masking || head.at("masked_lm_ids").ge(0).any().item<bool>(), ConfigError, "the first ",
+                 first.size(), " rows of the shards under ", dir_,
+                 " hold no masked-LM targets: for unmasked shards set task.masking dynamic");
   }
 
   std::string dir_;
