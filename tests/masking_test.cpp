@@ -69,6 +69,14 @@ std::vector<std::pair<int64_t, int64_t>> targets(const cohort::Example& b, int64
   return out;
 }
 
+// The corpus prepare_tiny_bert(dir, length) wrote, prepared again into
+// dir/name with `extra` flags.
+cohort::test::Result prepare_again(const TempDir& dir, const std::string& name, int length, const std::string& extra) {
+  return run_cohort("prepare --input " + dir / "corpus.txt" + " --out " + dir / name + " --vocab-size 200" +
+                    " --max-seq-length " + std::to_string(length) +
+                    " --max-predictions 5 --valid-fraction 0.1 --test-fraction 0.1 --quiet " + extra);
+}
+
 }  // namespace
 
 TEST(DynamicMasking, MasksDependOnlyOnSeedEpochAndSample) {
@@ -289,9 +297,7 @@ TEST(DynamicMasking, TheLoaderDrawsEachStepWithItsEpoch) {
 TEST(DynamicMasking, RestoredShardsAreTheUnmaskedShards) {
   TempDir tmp;
   ASSERT_EQ(cohort::test::prepare_tiny_bert(tmp, 64).code, 0);
-  auto none = run_cohort("prepare --input " + tmp / "corpus.txt" + " --out " + tmp / "none" +
-                         " --vocab-size 200 --max-seq-length 64 --max-predictions 5 --dupe-factor 2"
-                         " --valid-fraction 0.1 --test-fraction 0.1 --quiet --masking none");
+  auto none = prepare_again(tmp, "none", 64, "--dupe-factor 2 --masking none");
   ASSERT_EQ(none.code, 0) << none.err;
   auto manifest = nlohmann::json::parse(read_file(tmp / "none/manifest.json"));
   EXPECT_EQ(manifest["masking"], "none");
@@ -372,9 +378,7 @@ TEST(DynamicMasking, LossCurveIsTheSameOnAnyWorldWorkersPackingAndResume) {
 TEST(DynamicMasking, MaskedLmOnlyTrainsAndExportsBertForMaskedLM) {
   TempDir tmp;
   ASSERT_EQ(cohort::test::prepare_tiny_bert(tmp, 64).code, 0);
-  auto prep = run_cohort("prepare --input " + tmp / "corpus.txt" + " --out " + tmp / "full" +
-                         " --vocab-size 200 --max-seq-length 64 --valid-fraction 0.1 --test-fraction 0.1 --quiet"
-                         " --masking none --nsp false");
+  auto prep = prepare_again(tmp, "full", 64, "--masking none --nsp false");
   ASSERT_EQ(prep.code, 0) << prep.err;
   cohort::BertShards full(tmp / "full", "train");
   EXPECT_FALSE(full.info().next_sentence);
@@ -442,8 +446,7 @@ TEST(DynamicMasking, InitCrossesTheNspHeadAndResumeKeepsTheRecipe) {
 TEST(DynamicMasking, BadSettingsAreConfigErrors) {
   TempDir tmp;
   ASSERT_EQ(cohort::test::prepare_tiny_bert(tmp, 32).code, 0);
-  auto none = run_cohort("prepare --input " + tmp / "corpus.txt" + " --out " + tmp / "none" +
-                         " --vocab-size 200 --max-seq-length 32 --quiet --masking none --nsp false");
+  auto none = prepare_again(tmp, "none", 32, "--masking none --nsp false");
   ASSERT_EQ(none.code, 0) << none.err;
   std::filesystem::copy(tmp / "data", tmp / "novocab", std::filesystem::copy_options::recursive);
   std::filesystem::remove(tmp / "novocab/vocab.txt");
@@ -469,8 +472,7 @@ TEST(DynamicMasking, BadSettingsAreConfigErrors) {
     EXPECT_NE(r.err.find(cases[i].message), std::string::npos) << cases[i].args << ": " << r.err;
     EXPECT_EQ(cohort::test::lines_of(r.err).size(), 1u) << r.err;
   }
-  auto dupes = run_cohort("prepare --input " + tmp / "corpus.txt" + " --out " + tmp / "dupes" +
-                          " --quiet --masking none --nsp false --dupe-factor 3");
+  auto dupes = prepare_again(tmp, "dupes", 32, "--masking none --nsp false --dupe-factor 3");
   EXPECT_EQ(dupes.code, 2) << dupes.err;
   EXPECT_NE(dupes.err.find("--dupe-factor 1"), std::string::npos) << dupes.err;
 }

@@ -15,7 +15,8 @@ class Export : public Command {
   CLI::App* add(CLI::App& app) override {
     CLI::App* sub = app.add_subcommand(
         "export", "Write a checkpoint as a standalone model directory: model.safetensors (Hugging Face names), "
-                  "config.json and, for BERT, the run's tokenizer; bert-pretrain loads as BertForPreTraining, "
+                  "config.json and, for BERT, the run's tokenizer; bert-pretrain loads as BertForPreTraining "
+                  "(BertForMaskedLM when trained with task.nsp false), "
                   "bert-classify as BertForSequenceClassification");
     sub->add_option("CHECKPOINT", path_, "a run dir (its newest checkpoint) or a checkpoint dir")->required();
     sub->add_option("--out,-o", out_, "directory to write (default RUN_DIR/export)");
