@@ -14,6 +14,7 @@ declare -A RUNS=(
   [fm-cnn-1rank]="--model.name cnn --train.max-steps 300 --data.global-batch 64 --log.every-steps 50 --eval.max-samples 500"
   [fm-cnn-2ranks]="--model.name cnn --train.max-steps 300 --data.global-batch 64 --log.every-steps 50 --eval.max-samples 500 --nproc-per-node 2"
   [bert-tiny-2ranks]="--config $src/examples/bert-tiny.toml --data.path $src/data/gcide --train.max-steps 60 --log.every-steps 10 --eval.max-samples 64 --nproc-per-node 2"
+  [bert-mini-lamb-clip]="--config $src/examples/bert-tiny.toml --data.path $src/data/gcide --model.hidden 256 --model.layers 4 --model.heads 4 --model.intermediate 1024 --optim.name lamb --optim.clip-norm 1.0 --train.precision auto --train.max-steps 60 --log.every-steps 10 --eval.max-samples 64"
 )
 rate() {  # bin run-dir args...
   local bin=$1 dir=$2; shift 2

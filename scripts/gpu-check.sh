@@ -55,9 +55,18 @@ cmake --build "$build" -j"$jobs" --target cohort cohort_tests bert_step_bench > 
 say "built"
 
 # 3. The GPU tests: CUDA vs CPU losses, bf16 and fp16 training, 2 ranks on the one GPU (Gloo on CUDA tensors)
-#    against 1 rank; NCCL across GPUs when there are 2 or more.
-"$build/tests/cohort_tests" --gtest_filter='Gpu.*:Comm*:GradSync*' 2>&1 | tee "$out/gpu-tests.log" | grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|PASSED|FAILED" || true
+#    against 1 rank; steps between log points under CUDA's sync debug mode ("error"); the batch feed on its
+#    side stream and the event clock; the zero-read count of host_reads_test (its CPU runs, on this build);
+#    NCCL across GPUs and an elastic NCCL generation aborted when a member leaves, when there are 2 or more.
+"$build/tests/cohort_tests" --gtest_filter='Gpu.*:Comm*:GradSync*:HostReads.*:DeviceTally.*:DeviceFeed.*' 2>&1 |
+  tee "$out/gpu-tests.log" | grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|PASSED|FAILED" || true
 grep -q "FAILED" "$out/gpu-tests.log" && die "GPU tests failed ($out/gpu-tests.log)"
+# An elastic kill on the GPU: a node of 2 ranks is killed and the other goes on from memory. One GPU cannot
+# hold two NCCL ranks, so these ranks share it over Gloo on CUDA tensors (the NCCL generation test above
+# needs 2 GPUs).
+COHORT_TEST_CUDA=1 "$build/tests/cohort_tests" --gtest_filter='Elastic.MultiRankNodeIsLostAsAWhole' 2>&1 |
+  tee "$out/gpu-elastic.log" | grep -E "^\[ +(OK|FAILED|SKIPPED) +\]" || true
+grep -q "FAILED" "$out/gpu-elastic.log" && die "the elastic kill on the GPU failed ($out/gpu-elastic.log)"
 say "tests done"
 
 # 4. BERT phase 1 (S=128, 20 predictions), bf16, one GPU: Cohort's model step

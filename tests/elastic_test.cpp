@@ -35,6 +35,14 @@ std::vector<nlohmann::json> lines_of_kind(const std::string& metrics, const std:
   return out;
 }
 
+// scripts/gpu-check.sh sets COHORT_TEST_CUDA=1 to run a test's ranks on
+// the GPU (several ranks share it, over Gloo: NCCL refuses two ranks on one
+// device).
+std::string device_flags() {
+  const char* cuda = std::getenv("COHORT_TEST_CUDA");
+  return cuda && std::string(cuda) == "1" ? " --train.device cuda --dist.backend gloo" : "";
+}
+
 bool reached_step(const std::string& metrics, int64_t step) {
   for (const auto& j : lines_of_kind(metrics, "train")) {
     if (j["step"].get<int64_t>() >= step) return true;
@@ -322,8 +330,8 @@ TEST(Elastic, MultiRankNodeIsLostAsAWhole) {
   const std::string args = cohort::strf(
       " train --model.name mlp --model.dropout 0 --data.global-batch 12 --train.epochs 4 --log.every-steps 1 "
       "--log.sample-ids --dist.timeout 30 --init-method tcp://127.0.0.1:%d --nnodes 2 --min-nodes 1 --quiet "
-      "--nproc-per-node 2 --oversubscribe --data.path %s --out %s",
-      port, tmp.path().c_str(), (tmp / "run").c_str());
+      "--nproc-per-node 2 --oversubscribe --data.path %s --out %s%s",
+      port, tmp.path().c_str(), (tmp / "run").c_str(), device_flags().c_str());
   Background n0(std::string("env COHORT_DEBUG_DELAY=0:60 ") + COHORT_BIN + args + " --node-rank 0", tmp, "n0");
   Background n1(std::string("env COHORT_DEBUG_DELAY=0:60 ") + COHORT_BIN + args + " --node-rank 1", tmp, "n1");
   const std::string metrics = tmp / "run/metrics.jsonl";

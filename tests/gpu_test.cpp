@@ -4,6 +4,15 @@
 #include <nlohmann/json.hpp>
 #include <torch/cuda.h>
 
+#include <c10/core/DeviceGuard.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <atomic>
+#include <optional>
+#include <thread>
+
+#include "cohort/device/device_feed.hpp"
+#include "cohort/device/host_read.hpp"
 #include "cohort/distributed/comm.hpp"
 #include "cohort/train/precision.hpp"
 #include "cohort/train/trainer.hpp"
@@ -94,4 +103,120 @@ TEST_F(Gpu, NcclRanksOnEveryVisibleGpu) {
                                     "--train.device cuda --quiet --out " + (tmp / "run"));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE((r.out + r.err).find("of " + std::to_string(torch::cuda::device_count()) + ","), std::string::npos) << r.out << r.err;
+}
+
+// No step between log points makes the host wait for the GPU: CUDA's sync
+// debug mode (torch.cuda.set_sync_debug_mode("error")) is on from the
+// second step's start to each log point's iteration, so any synchronising
+// call throws. This catches what the CPU test (host_reads_test.cpp) cannot:
+// a sync that does not go through Cohort's counted reads.
+TEST_F(Gpu, StepsBetweenLogPointsNeverWaitForTheDevice) {
+  for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+    TempDir tmp;
+    Config cfg = small_run();
+    cfg.train.precision = p;
+    cfg.train.device = DeviceKind::kCuda;
+    cfg.optim.clip_norm = 1.0;
+    cfg.eval.every_steps = 1000;
+    RunOptions run;
+    run.out_dir = tmp / "run";
+    run.quiet = true;
+    run.config_toml = "# test\n";
+    std::optional<SyncCheck> check;
+    int64_t checked = 0;
+    run.at = [&](StepPoint point, int64_t step) {
+      if (point != StepPoint::kBegin) return;
+      check.reset();
+      if (step > 1 && step % 10 != 0) {
+        check.emplace(SyncCheck::Mode::kError);
+        ++checked;
+      }
+    };
+    auto comm = Comm::single(DeviceKind::kCuda);
+    RunSummary r = Trainer(cfg, *comm, run).run();
+    check.reset();
+    EXPECT_EQ(r.step_losses.size(), 20u) << name_of(p);
+    EXPECT_EQ(checked, 17) << name_of(p);
+  }
+}
+
+// The next batch is copied on a side stream from page-locked memory; the
+// compute stream waits for it on an event, and what it reads is the batch.
+TEST_F(Gpu, FeedCopiesOnASideStreamThatTheComputeStreamWaitsFor) {
+  DeviceFeed feed(torch::Device(torch::kCUDA, 0));
+  std::vector<DeviceFeed::Batch> batches(2);
+  batches[0]["x"] = torch::arange(1 << 20, torch::kInt64);
+  batches[1]["x"] = torch::arange(1 << 20, torch::kInt64).pin_memory();
+  std::vector<DeviceFeed::Batch> staged;
+  {
+    SyncCheck check(SyncCheck::Mode::kError);  // staging never waits for the device
+    staged = feed.stage(batches);
+  }
+  EXPECT_EQ(feed.staged(), 2);
+  for (size_t i = 0; i < 2; ++i) {
+    ASSERT_TRUE(staged[i].at("x").is_cuda());
+    EXPECT_TRUE(torch::equal(staged[i].at("x").cpu(), batches[i].at("x"))) << i;
+  }
+  ComputeClock clock(torch::Device(torch::kCUDA, 0));
+  clock.start();
+  auto a = torch::randn({2048, 2048}, torch::kCUDA);
+  a = a.mm(a);
+  clock.stop();
+  const int64_t before = host_reads();
+  EXPECT_GT(clock.take(), 0.0);
+  EXPECT_EQ(host_reads(), before + 1) << "reading the clock is one counted wait";
+}
+
+namespace {
+
+// An elastic world's link that the test drives: changed() once a member left.
+class TestLink : public ElasticLink {
+ public:
+  bool changed() const override { return changed_; }
+  std::string why() const override { return "rank 1 left"; }
+  bool joiners_waiting() const override { return false; }
+  void announce(const std::string&) override { changed_ = true; }
+  void bury(c10::intrusive_ptr<c10::intrusive_ptr_target>) override {}
+  std::atomic<bool> changed_{false};
+};
+
+}  // namespace
+
+// Elastic worlds on NCCL: each generation has a NCCL communicator of its
+// own. When a member leaves mid-collective, the survivor's wait ends with
+// MembershipChanged and the communicator is aborted, so its stream (and a
+// host read after it) is not left blocked inside NCCL.
+TEST_F(Gpu, ElasticNcclGenerationIsAbortedWhenAMemberLeaves) {
+  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "SKIPPED: NCCL needs 2 GPUs (one rank per GPU)";
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto link = std::make_shared<TestLink>();
+  std::atomic<bool> rank1_left{false};
+  cohort::test::spawn(2, [&](int rank) {
+    World w;
+    w.rank = w.local_rank = rank;
+    w.world_size = w.local_world_size = 2;
+    w.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(rank));
+    RankSpec spec;
+    spec.rank = spec.local_rank = rank;
+    spec.world_size = spec.local_world_size = 2;
+    CommOptions o;
+    o.timeout = std::chrono::seconds(60);
+    o.device = DeviceKind::kCuda;
+    o.backend = BackendKind::kNccl;
+    c10::DeviceGuard guard(w.device);
+    auto comm = Comm::form(w, spec, o, store, link);
+    auto t = torch::full({4}, static_cast<double>(rank + 1), torch::TensorOptions().device(w.device));
+    comm->all_reduce_sum(t, "first sum");
+    EXPECT_EQ(t.sum().item<double>(), 12.0);
+    if (rank == 1) {
+      rank1_left = true;
+      link->announce("rank 1 left");  // as Membership would, seeing its heartbeat stop
+      return;  // leaves without the second sum
+    }
+    while (!rank1_left) std::this_thread::yield();
+    auto u = torch::ones({4}, torch::TensorOptions().device(w.device));
+    EXPECT_THROW(comm->all_reduce_sum(u, "second sum"), MembershipChanged);
+    EXPECT_EQ(torch::ones({2}, torch::TensorOptions().device(w.device)).sum().item<double>(), 2.0)
+        << "the stream goes on after the abort";
+  });
 }

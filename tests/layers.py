@@ -1,8 +1,8 @@
 """The layering of src/cohort, checked: a subsystem includes only its own
 headers and those of the layers below it (docs/design.md, Layout).
 
-    core -> config -> text, obs, eval -> data, distributed -> model, ckpt, prep
-         -> train -> launch
+    core -> config -> text, obs, eval -> device -> data, distributed
+         -> model, ckpt, prep -> train -> launch
 
 The layers below data/ and prep/ never include torch (CMakeLists.txt
 compiles them without its precompiled header). Exits 1 naming every include
@@ -11,7 +11,7 @@ import os
 import re
 import sys
 
-LAYERS = [["core"], ["config"], ["text", "obs", "eval"], ["data", "distributed"], ["model", "ckpt", "prep"],
+LAYERS = [["core"], ["config"], ["text", "obs", "eval"], ["device"], ["data", "distributed"], ["model", "ckpt", "prep"],
           ["train"], ["launch"]]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 TORCH_FREE = {"core", "config", "text", "obs", "eval", "prep"}

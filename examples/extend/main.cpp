@@ -101,12 +101,13 @@ class FootwearTask : public cohort::Task {
     cohort::TaskOutput out;
     out.loss_sums = {loss};
     double n = static_cast<double>(labels.size(0));
-    out.tally.add("loss", loss.detach().item<double>(), n);
-    out.tally.add("accuracy", predicted.eq(labels).sum().item<double>(), n);
+    // Sums stay tensors: the trainer reads them once per log line, so that a
+    // step never waits for the GPU.
+    out.tally.add("loss", loss, n);
+    out.tally.add("accuracy", predicted.eq(labels).sum(), n);
     // Of the footwear, the share found: the metric a 70% "never footwear"
     // classifier would fail.
-    out.tally.add("recall", predicted.eq(1).logical_and(footwear).sum().item<double>(),
-                  footwear.sum().item<double>());
+    out.tally.add("recall", predicted.eq(1).logical_and(footwear).sum(), footwear.sum());
     return out;
   }
 

@@ -197,7 +197,7 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("train.threads", c.train.threads, "intra-op threads per rank; 0 = free cores / local ranks", node, "--threads");
   bind("train.early-stop-patience", c.train.early_stop_patience, "stop after N evaluations in a row without a "
        "better ckpt.best-metric (the best checkpoint is kept); 0 = off");
-  bind("train.precision", c.train.precision, "autocast dtype; master weights stay fp32. auto = bf16 on a CPU with AMX, else fp32; fp16 (loss-scaled) on CUDA");
+  bind("train.precision", c.train.precision, "autocast dtype; master weights stay fp32. auto = bf16 on a CPU with AMX, else fp32; fp16 (loss-scaled) on CUDA (on a CPU it runs, slower than bf16)");
 
   bind("data.path", c.data.path, "dataset directory (may differ between nodes)", node);
   bind("data.global-batch", c.data.global_batch, "samples per optimizer step, summed over all ranks and micro-batches", fixed);

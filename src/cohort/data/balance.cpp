@@ -131,18 +131,16 @@ SpeedBalance::SpeedBalance(Balancer& balancer, Loader& loader, int rank, int wor
     : balancer_(balancer), loader_(loader), rank_(rank), world_size_(world_size), every_(every),
       first_step_(first_step) {}
 
-std::string SpeedBalance::after_step(int64_t step, int64_t total, int64_t samples, double compute_s, const Sum& sum) {
+std::string SpeedBalance::after_step(int64_t step, int64_t total, int64_t samples, ComputeClock& clock, const Sum& sum) {
   if (balancer_.mode() != Balance::kAuto || world_size_ < 2) return "";
-  if (step > first_step_ + 1) {
-    window_samples_ += static_cast<double>(samples);
-    window_compute_s_ += compute_s;
-  }
+  if (step > first_step_ + 1) window_samples_ += static_cast<double>(samples);
+  else clock.discard();  // the warm-up step
   if ((step - first_step_) % every_ != 0 || step == total) return "";
   std::vector<double> mine(2 * static_cast<size_t>(world_size_), 0.0);
   mine[static_cast<size_t>(rank_)] = window_samples_;
-  mine[static_cast<size_t>(world_size_ + rank_)] = window_compute_s_;
+  mine[static_cast<size_t>(world_size_ + rank_)] = clock.take();
   auto all = sum(mine);
-  window_samples_ = window_compute_s_ = 0;
+  window_samples_ = 0;
   std::vector<double> per_rank(all.begin(), all.begin() + world_size_), seconds(all.begin() + world_size_, all.end());
   if (!balancer_.update(per_rank, seconds)) return "";
   loader_.reshare(balancer_.shares());

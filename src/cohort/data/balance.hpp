@@ -19,6 +19,7 @@
 
 #include "cohort/config/choice.hpp"
 #include "cohort/data/order.hpp"
+#include "cohort/device/device_feed.hpp"
 
 namespace cohort {
 
@@ -95,14 +96,16 @@ class SpeedBalance {
   // After step `step` of `total`, with this rank's share of it. Returns
   // "balance: step 40: rank 0 41 samples, rank 1 23 (measured 410, 230
   // samples/s)" when the split changed, "" otherwise.
-  std::string after_step(int64_t step, int64_t total, int64_t samples, double compute_s, const Sum& sum);
+  // `clock` timed this rank's forward and backward; it is read (on a GPU,
+  // one wait for the device) only at the measurement.
+  std::string after_step(int64_t step, int64_t total, int64_t samples, ComputeClock& clock, const Sum& sum);
 
  private:
   Balancer& balancer_;
   Loader& loader_;
   int rank_, world_size_;
   int64_t every_, first_step_;
-  double window_samples_ = 0, window_compute_s_ = 0;  // this rank's, since the last measurement
+  double window_samples_ = 0;  // this rank's, since the last measurement
 };
 
 }  // namespace cohort

@@ -31,6 +31,9 @@ struct StepBatch {
                                // when this rank's share is empty
   std::vector<int64_t> indices;  // this rank's sample ids, in order
   std::vector<Slice> micro_rows; // per micro-batch, its ids in `indices`
+  // `micro` on the device, staged ahead of the step (DeviceFeed); empty:
+  // the step copies each micro-batch when it runs it.
+  std::vector<Example> staged;
 };
 
 struct LoaderOptions {

@@ -23,6 +23,7 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/sha256.hpp"
+#include "cohort/device/host_read.hpp"
 #include "cohort/distributed/store.hpp"
 
 namespace cohort {
@@ -171,6 +172,39 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo_group(const c10::intrusive_ptr<c
   return pg;
 }
 
+// auto: NCCL when every local rank has a GPU of its own (NCCL refuses two
+// ranks on one device), else Gloo, which carries CUDA tensors too.
+bool wants_nccl(const World& world, const CommOptions& opts) {
+  const bool nccl = world.device.is_cuda() &&
+                    (opts.backend == BackendKind::kNccl ||
+                     (opts.backend == BackendKind::kAuto &&
+                      world.local_world_size <= static_cast<int>(torch::cuda::device_count())));
+#ifndef USE_C10D_NCCL
+  COHORT_CHECK(!nccl || opts.backend == BackendKind::kAuto, ConfigError,
+               "dist.backend is nccl but this Cohort was built without NCCL (no CUDA toolkit); use gloo");
+  return false;
+#else
+  return nccl;
+#endif
+}
+
+// The NCCL group for CUDA tensors over `store`, or null without NCCL. A dead
+// or stalled peer must end the job, not hang it: async error handling tears
+// the communicator down when the watchdog (dist.timeout plus a margin) fires.
+c10::intrusive_ptr<c10d::Backend> nccl_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                             const CommOptions& opts) {
+#ifdef USE_C10D_NCCL
+  setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", /*overwrite=*/0);
+  auto no = c10d::ProcessGroupNCCL::Options::create();
+  no->timeout = opts.timeout + std::chrono::milliseconds(30000);
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("nccl", store), rank,
+                                                     size, no);
+#else
+  (void)store, (void)rank, (void)size, (void)opts;
+  return {};
+#endif
+}
+
 }  // namespace
 
 struct Comm::Impl {
@@ -200,6 +234,9 @@ struct Comm::Impl {
     }
     cv.notify_all();
     if (heartbeat.joinable()) heartbeat.join();
+    // An elastic world's NCCL communicator ends with its generation: aborted,
+    // so that nothing of it (a kernel waiting for a lost peer) outlives it.
+    abort_device_group();
     // An abandoned collective may still run in the group's threads (after a
     // planned change, every collective completed: the group closes now).
     if (link && pg && link->changed()) link->bury(std::move(pg));
@@ -259,13 +296,26 @@ struct Comm::Impl {
                        detail::first_line(cause));
   }
 
+  // Elastic: aborts the generation's NCCL communicator (ncclCommAbort), which
+  // ends any of its kernels still waiting for a peer that left, so that the
+  // survivors' streams, and their host reads, go on. Idempotent.
+  void abort_device_group() {
+    if (!link || !cuda_pg) return;
+    try {
+      cuda_pg->abort();
+    } catch (const std::exception&) {
+      // Already torn down by NCCL's watchdog.
+    }
+    cuda_pg.reset();
+  }
+
   // Gloo work is waited for on the host, within dist.timeout. NCCL work is
   // waited for on the stream (the host goes on; the caller's stream orders
   // after it). A stalled NCCL collective is caught by the next Gloo control
   // collective (every step has one), which names the silent rank; NCCL's
   // own watchdog, set to dist.timeout plus a margin, is the backstop.
   void wait(const char* what, const c10::intrusive_ptr<c10d::Work>& work, bool on_stream = false) {
-    if (link) return wait_elastic(what, work);
+    if (link) return wait_elastic(what, work, on_stream);
     try {
       if (on_stream) {
         work->wait();
@@ -280,8 +330,35 @@ struct Comm::Impl {
   // An elastic world waits in slices: a change another member announced
   // ends the wait at once, and a failure is announced to the others (whose
   // collectives may be blocked on this rank, not on the one that left).
-  void wait_elastic(const char* what, const c10::intrusive_ptr<c10d::Work>& work) {
+  //
+  // NCCL work is waited for on the host too, polling its completion (never
+  // a timed NCCL wait, which would tear the communicator down): a step must
+  // not apply a gradient sum that a lost peer left half done, and the
+  // survivors keep their state in memory. This is the one place a step waits
+  // for the device (counted), and only in elastic worlds on NCCL.
+  void wait_elastic(const char* what, const c10::intrusive_ptr<c10d::Work>& work, bool on_stream) {
     const Clock::time_point deadline = Clock::now() + opts.timeout;
+    if (on_stream) {
+      count_host_wait();
+      while (!work->isCompleted()) {
+        if (link->changed()) fail_elastic(detail::cat(what, " abandoned: ", link->why()), /*announce=*/false);
+        if (Clock::now() >= deadline) {
+          fail_elastic(detail::cat(what, " timed out on rank ", spec.rank, " after dist.timeout ",
+                                   opts.timeout.count() / 1000.0, " s"), /*announce=*/true);
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      if (auto e = work->exception()) {
+        std::string why = "unknown";
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::exception& x) {
+          why = detail::first_line(x.what());
+        }
+        fail_elastic(detail::cat(what, " failed on rank ", spec.rank, ": ", why), /*announce=*/true);
+      }
+      return;
+    }
     for (;;) {
       try {  // done work first: a rank must not drop a step its peers completed
         work->wait(milliseconds(100));
@@ -296,12 +373,19 @@ struct Comm::Impl {
                                 ? detail::cat(what, " failed on rank ", spec.rank, ": ", detail::first_line(e.what()))
                                 : detail::cat(what, " timed out on rank ", spec.rank, " after dist.timeout ",
                                               opts.timeout.count() / 1000.0, " s");
-          link->announce(why);
-          throw MembershipChanged(detail::cat("rank ", spec.rank, ": ", why));
+          fail_elastic(why, /*announce=*/true);
         }
       }
-      if (link->changed()) throw MembershipChanged(detail::cat("rank ", spec.rank, ": ", what, " abandoned: ", link->why()));
+      if (link->changed()) fail_elastic(detail::cat(what, " abandoned: ", link->why()), /*announce=*/false);
     }
+  }
+
+  // Ends an elastic collective: tells the others (when this rank saw the
+  // failure), aborts the NCCL communicator, and throws MembershipChanged.
+  [[noreturn]] void fail_elastic(const std::string& why, bool announce) {
+    if (announce) link->announce(why);
+    abort_device_group();
+    throw MembershipChanged(detail::cat("rank ", spec.rank, ": ", why));
   }
 };
 
@@ -323,16 +407,7 @@ std::unique_ptr<Comm> Comm::connect(const RankSpec& spec, const CommOptions& opt
   c->world_.local_world_size = spec.local_world_size;
   c->world_.node_rank = spec.node_rank;
   c->world_.device = resolve_device(opts.device, spec.local_rank);
-  // auto: NCCL when every local rank has a GPU of its own (NCCL refuses two
-  // ranks on one device), else Gloo, which carries CUDA tensors too.
-  const bool nccl = c->world_.device.is_cuda() &&
-                    (opts.backend == BackendKind::kNccl ||
-                     (opts.backend == BackendKind::kAuto &&
-                      spec.local_world_size <= static_cast<int>(torch::cuda::device_count())));
-#ifndef USE_C10D_NCCL
-  COHORT_CHECK(!nccl || opts.backend == BackendKind::kAuto, ConfigError,
-               "dist.backend is nccl but this Cohort was built without NCCL (no CUDA toolkit); use gloo");
-#endif
+  const bool nccl = wants_nccl(c->world_, opts);
 
   auto impl = std::make_unique<Impl>();
   impl->spec = spec;
@@ -401,17 +476,7 @@ std::unique_ptr<Comm> Comm::connect(const RankSpec& spec, const CommOptions& opt
   try {
     impl->pg = gloo_group(c10::make_intrusive<c10d::PrefixStore>("gloo", impl->store), spec.rank, spec.world_size,
                           spec, opts, opts.timeout);
-#ifdef USE_C10D_NCCL
-    if (nccl) {
-      // A dead or stalled peer must end the job, not hang it: async error
-      // handling tears the communicator down when the watchdog times out.
-      setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", /*overwrite=*/0);
-      auto no = c10d::ProcessGroupNCCL::Options::create();
-      no->timeout = opts.timeout + std::chrono::milliseconds(30000);
-      impl->cuda_pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(
-          c10::make_intrusive<c10d::PrefixStore>("nccl", impl->store), spec.rank, spec.world_size, no);
-    }
-#endif
+    if (nccl) impl->cuda_pg = nccl_group(impl->store, spec.rank, spec.world_size, opts);
   } catch (const std::exception& e) {
     throw DistError(detail::cat("rank ", spec.rank, ": could not form the process group of ", spec.world_size,
                                 " ranks through ", where, " within ", opts.timeout.count() / 1000.0,
@@ -440,6 +505,10 @@ std::unique_ptr<Comm> Comm::form(const World& world, const RankSpec& spec, const
     // Connecting is bounded more tightly than collectives: a member that
     // died after the decision must not hold the others for dist.timeout.
     impl->pg = gloo_group(store, world.rank, world.world_size, spec, opts, std::min(opts.timeout, milliseconds(15000)));
+    // CUDA tensors: a NCCL communicator of this generation's own (its store
+    // is the generation's), aborted when the generation ends. Control
+    // traffic and heartbeats stay on Gloo and the store.
+    if (wants_nccl(world, opts)) impl->cuda_pg = nccl_group(store, world.rank, world.world_size, opts);
   } catch (const std::exception& e) {
     std::string why = detail::cat("could not form the process group of ", world.world_size, " ranks: ",
                                   detail::first_line(e.what()));

@@ -8,6 +8,7 @@
 
 #include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/device/host_read.hpp"
 #include "cohort/model/dropout.hpp"
 #include "cohort/model/model_size.hpp"
 #include "cohort/model/residual_norm.hpp"
@@ -257,7 +258,10 @@ torch::Tensor encode_with(Bert& bert, const torch::Tensor& input_ids, const torc
                           const torch::Tensor& seq_ids = {}) {
   // Packed rows: each token's per-sample dropout masks are its own sample's.
   std::optional<DropoutRows> packed_rows;
-  if (seq_ids.defined() && bert->is_training() && DropoutRows::current() != nullptr) {
+  // (The trainer makes them from the host's copy of the batch: seq_ids here
+  // may be on the device, whose copy back would make the host wait.)
+  if (seq_ids.defined() && bert->is_training() && DropoutRows::current() != nullptr &&
+      !DropoutRows::current()->packed()) {
     packed_rows.emplace(*DropoutRows::current(), seq_ids, position_ids);
   }
   Hidden x{bert->embeddings(input_ids, segment_ids, position_ids), {}};
@@ -316,6 +320,7 @@ BertBatch BertBatch::from(const Example& b) {
   out.input_mask = b.at("input_mask");
   out.masked_positions = b.at("masked_lm_positions");
   out.masked_ids = b.at("masked_lm_ids");
+  if (auto it = b.find("masked_lm_index"); it != b.end()) out.masked_index = it->second;
   if (auto it = b.find("seq_ids"); it != b.end()) {
     out.seq_ids = it->second;
     out.position_ids = b.at("position_ids");
@@ -341,16 +346,17 @@ BertOutputs BertForPretrainingImpl::forward(const BertBatch& batch) {
     out.nsp_logits = cls->seq_relationship(pooled);
   }
   // MLM only at the M real predictions, picked from the flat rows.
-  auto keep = batch.masked_ids.reshape({-1}).ge(0).nonzero().squeeze(1);
+  const bool from_host = batch.masked_index.defined();  // the host found and checked the positions
+  auto keep = from_host ? batch.masked_index : batch.masked_ids.reshape({-1}).ge(0).nonzero().squeeze(1);
   auto at = batch.packed() ? batch.masked_positions
                            : batch.masked_positions.clamp_min(0) +
                                  torch::arange(rows, batch.masked_positions.options()).unsqueeze(1) * width;
   auto picked_at = at.reshape({-1}).index_select(0, keep);
-  if (picked_at.numel() > 0) {  // a position outside its row would read another row's token
+  if (!from_host && picked_at.numel() > 0) {  // a position outside its row would read another row's token
     auto within = batch.packed() ? picked_at : batch.masked_positions.reshape({-1}).index_select(0, keep);
-    COHORT_CHECK(within.max().item<int64_t>() < (batch.packed() ? rows * width : width), DataError,
-                 "a masked position lies outside its row: ", within.max().item<int64_t>(), " of ",
-                 batch.packed() ? rows * width : width);
+    const auto last = static_cast<int64_t>(host_value(within.max()));
+    COHORT_CHECK(last < (batch.packed() ? rows * width : width), DataError, "a masked position lies outside its row: ",
+                 last, " of ", batch.packed() ? rows * width : width);
   }
   auto picked = flat.index_select(0, picked_at);
   out.mlm_labels = batch.masked_ids.reshape({-1}).index_select(0, keep);

@@ -53,6 +53,10 @@ struct BertBatch {
   torch::Tensor position_ids = {};  // int64 [R,L], restarting at every instance
   torch::Tensor seq_ids = {};       // int64 [R,L], the instance of each token; -1 on padding
   torch::Tensor cls_index = {};     // int64 [B], each instance's [CLS], flat over the rows
+  // int64 [M]: where masked_ids >= 0, flat over [B*P], found on the host
+  // (bert-pretrain's add_host_inputs) so that forward reads nothing back
+  // from the device. Undefined: forward finds them, and waits for the device.
+  torch::Tensor masked_index = {};
   bool packed() const { return seq_ids.defined(); }
 
   // A collated batch of BertShards (data/bert_shards.hpp): input_ids,

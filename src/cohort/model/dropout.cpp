@@ -61,7 +61,10 @@ const torch::Tensor& DropoutRows::on_device(Table table, const c10::Device& devi
                        : table == Table::kTokenKeys     ? static_cast<const void*>(token_keys_.data())
                                                         : static_cast<const void*>(token_positions_.data());
     const auto n = static_cast<int64_t>(table == Table::kKeys ? keys_.size() : token_keys_.size());
-    copy = torch::from_blob(const_cast<void*>(data), {n}, torch::kInt64).to(device);
+    auto host = torch::from_blob(const_cast<void*>(data), {n}, torch::kInt64);
+    // To a GPU from page-locked memory, without making the host wait (a
+    // copy from pageable memory would).
+    copy = device.is_cuda() ? host.pin_memory().to(device, /*non_blocking=*/true) : host.to(device);
   }
   return copy;
 }

@@ -3,9 +3,11 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "cohort/core/error.hpp"
+#include "cohort/core/format.hpp"
 
 namespace cohort {
 
@@ -96,20 +98,17 @@ void ConsoleReporter::message(const std::string& line) { print(line); }
 void ConsoleReporter::progress(const StepProgress& p) {
   if (!live_ || p.step == p.total_steps) return;
   auto now = std::chrono::steady_clock::now();
-  if (now - last_bar_ < std::chrono::milliseconds(100)) {
-    smoothed_loss_ = 0.9 * smoothed_loss_ + 0.1 * p.loss;
-    return;
-  }
+  if (now - last_bar_ < std::chrono::milliseconds(100)) return;
   last_bar_ = now;
-  smoothed_loss_ = smoothed_loss_ == 0 ? p.loss : 0.9 * smoothed_loss_ + 0.1 * p.loss;
   if (p.units_per_s > 0) last_rate_ = p.units_per_s;
   const int width = 24;
   int filled = static_cast<int>(width * p.step / std::max<int64_t>(1, p.total_steps));
   std::string bar(static_cast<size_t>(filled), '#');
   bar.append(static_cast<size_t>(width - filled), '.');
-  std::printf("\r\033[K[%s] %lld/%lld  epoch %lld  loss %.4f  lr %.2e  %.0f %s/s  eta %s", bar.c_str(),
+  const std::string loss = std::isnan(p.loss) ? "-" : strf("%.4f", p.loss);
+  std::printf("\r\033[K[%s] %lld/%lld  epoch %lld  loss %s  lr %.2e  %.0f %s/s  eta %s", bar.c_str(),
               static_cast<long long>(p.step), static_cast<long long>(p.total_steps),
-              static_cast<long long>(p.epoch), smoothed_loss_, p.lr, last_rate_, p.unit.c_str(),
+              static_cast<long long>(p.epoch), loss.c_str(), p.lr, last_rate_, p.unit.c_str(),
               format_duration(p.eta_s).c_str());
   std::fflush(stdout);
   bar_shown_ = true;

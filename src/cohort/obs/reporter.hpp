@@ -38,6 +38,8 @@ double eta_seconds(double elapsed, int64_t done, int64_t remaining);
 // After every step: this rank's loss, the rate since the last log line.
 struct StepProgress {
   int64_t step = 0, total_steps = 0, epoch = 0;
+  // The last train line's loss (NaN before the first): between lines a
+  // step does not wait for the device to show its own.
   double loss = 0, lr = 0;
   double units_per_s = 0;  // 0 before anything was counted
   std::string unit;        // "images", "tokens"
@@ -136,7 +138,7 @@ class ConsoleReporter : public Reporter {
   bool live_;
   bool bar_shown_ = false;
   std::chrono::steady_clock::time_point last_bar_{};
-  double smoothed_loss_ = 0, last_rate_ = 0;
+  double last_rate_ = 0;
 };
 
 // RUN_DIR/metrics.jsonl: {"kind":"train",...}, {"kind":"eval",...} and

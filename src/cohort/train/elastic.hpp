@@ -32,6 +32,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "cohort/config/config.hpp"
+#include "cohort/device/device_tally.hpp"
 #include "cohort/train/replica_sync.hpp"
 #include "cohort/train/run.hpp"
 #include "cohort/train/train_state.hpp"
@@ -86,7 +87,7 @@ struct SyncMark {
   Cursor step_cursor;  // where its global batch started; consumed -1: unknown
   int64_t samples_seen = 0;
   torch::Tensor rng;   // this process's generator after it
-  Tally interval;      // the open log interval's metrics after it
+  DeviceTally interval;  // the open log interval's metrics after it
   std::optional<TrainReport> line;  // its train line, when one was written
 };
 

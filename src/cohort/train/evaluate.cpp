@@ -69,14 +69,18 @@ Tally evaluate(Task& task, const Dataset& data, Comm& comm, const EvalRun& run) 
   bool was_training = module->is_training();
   module->eval();
   torch::NoGradGuard no_grad;
-  Tally tally = task.empty_tally();
+  // The batches' metrics stay on the device until the end: one read.
+  DeviceTally sums;
   for (int64_t begin = mine.begin; begin < mine.end; begin += run.batch) {
     std::vector<int64_t> ids;
     for (int64_t i = begin; i < std::min(mine.end, begin + run.batch); ++i) ids.push_back(i);
-    tally.merge(task.forward(to_device(gather(data, ids), world.device)).tally);
+    Example batch = gather(data, ids);
+    task.add_host_inputs(batch);
+    sums.merge(task.forward(to_device(batch, world.device)).tally);
     if (run.progress) run.progress(ids.back() + 1 - mine.begin, mine.size());
   }
   module->train(was_training);
+  Tally tally = sums.read(task.empty_tally());
   tally.unflatten(comm.all_reduce_sum(tally.flatten(), "evaluation metrics"));
   return tally;
 }

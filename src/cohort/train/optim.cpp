@@ -145,6 +145,11 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
   return loss;
 }
 
+torch::Tensor trust_ratio(const torch::Tensor& w_norm, const torch::Tensor& u_norm) {
+  auto ok = w_norm.gt(0).logical_and(u_norm.gt(0));
+  return torch::where(ok, w_norm / u_norm.clamp_min(1e-30), torch::ones_like(w_norm));
+}
+
 torch::Tensor Lamb::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
   torch::Tensor loss = evaluate_closure(closure);
@@ -165,27 +170,28 @@ torch::Tensor Lamb::step(LossClosure closure) {
       if (o.weight_decay() != 0) update.add_(p, o.weight_decay());
       // NVIDIA's FusedLAMB (use_nvlamb=False): parameters without weight
       // decay (biases, LayerNorm) take the plain Adam update, ratio 1.
-      double ratio = 1.0;
-      if (o.weight_decay() != 0) {
-        double w_norm = p.norm().item<double>();
-        double u_norm = update.norm().item<double>();
-        if (w_norm > 0 && u_norm > 0) ratio = w_norm / u_norm;
+      if (o.weight_decay() == 0) {
+        p.add_(update, -o.lr());
+        continue;
       }
-      p.add_(update, -o.lr() * ratio);
+      // The trust ratio stays on the device: ||w|| / ||u||, 1 when either is 0.
+      p.sub_(update * (o.lr() * trust_ratio(p.norm().to(torch::kFloat64), update.norm().to(torch::kFloat64))));
     }
   }
   return loss;
 }
 
-double clip_gradients(torch::nn::Module& module, double max_norm) {
+torch::Tensor clip_gradients(torch::nn::Module& module, double max_norm) {
   return clip_gradients(module_gradients(module), max_norm);
 }
 
-double clip_gradients(const GradientSet& grads, double max_norm) {
-  double norm = grad_norm(grads);
-  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
+torch::Tensor clip_gradients(const GradientSet& grads, double max_norm) {
+  torch::Tensor norm = grad_norm(grads);
+  if (max_norm > 0) {
+    // The factor is decided on the device (1 when the norm is within bounds).
     torch::NoGradGuard no_grad;
-    for (const auto& g : grads.tensors) g.mul_(max_norm / (norm + 1e-6));
+    auto factor = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+    for (const auto& g : grads.tensors) g.mul_(factor.to(g.scalar_type()));
   }
   return norm;
 }

@@ -1,4 +1,5 @@
-// defines: LrSchedule, make_optimizer, adamw_options, adamw_groups, set_lr, clip_gradients, FusedAdamW, Lamb
+// defines: LrSchedule, make_optimizer, adamw_options, adamw_groups, set_lr, trust_ratio, clip_gradients, FusedAdamW,
+//          Lamb
 #pragma once
 
 #include <torch/nn/module.h>
@@ -48,11 +49,16 @@ std::vector<torch::optim::OptimizerParamGroup> adamw_groups(const OptimOptions& 
 
 void set_lr(torch::optim::Optimizer& opt, double lr);
 
+// LAMB's trust ratio ||w|| / ||u|| from the two norms, 1 where either is 0,
+// computed where they are (on a GPU: no wait for the device).
+torch::Tensor trust_ratio(const torch::Tensor& w_norm, const torch::Tensor& u_norm);
+
 // Scales every gradient of `module` by max_norm / (norm + 1e-6) when their
 // global L2 norm exceeds max_norm (as torch.nn.utils.clip_grad_norm_); 0
-// disables. Returns the norm before clipping (inf or NaN when a gradient is).
-double clip_gradients(torch::nn::Module& module, double max_norm);
-double clip_gradients(const GradientSet& grads, double max_norm);
+// disables. Returns the norm before clipping (inf or NaN when a gradient is),
+// on the gradients' device: it reads nothing back.
+torch::Tensor clip_gradients(torch::nn::Module& module, double max_norm);
+torch::Tensor clip_gradients(const GradientSet& grads, double max_norm);
 
 // torch::optim::AdamW's update in one fused kernel per parameter group
 // (ATen's _fused_adamw_, what torch.optim.AdamW(fused=True) calls): one pass

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cohort/core/error.hpp"
+#include "cohort/device/host_read.hpp"
 
 namespace cohort {
 
@@ -28,10 +29,7 @@ Precision resolve_precision(Precision requested, const c10::Device& device) {
     if (device.is_cuda()) return Precision::kFp16;
     return cpu_has_amx_bf16() ? Precision::kBf16 : Precision::kFp32;
   }
-  COHORT_CHECK(!(requested == Precision::kFp16 && device.is_cpu()), ConfigError,
-               "train.precision fp16 needs a CUDA device (libtorch has no fp16 autocast on CPU); "
-               "use bf16 or auto on CPU");
-  return requested;
+  return requested;  // fp16 on a CPU runs (libtorch 2.4 and later), with loss scaling, but slower than bf16
 }
 
 AutocastScope::AutocastScope(Precision precision, const c10::Device& device) {
@@ -58,34 +56,22 @@ LossScaler::LossScaler(bool enabled, double init_scale, double growth, double ba
       backoff_(backoff),
       growth_interval_(growth_interval) {}
 
-double grad_norm(torch::nn::Module& module) {
-  torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> norms;
-  for (auto& p : module.parameters()) {
-    if (p.grad().defined()) norms.push_back(p.grad().norm(2).to(torch::kFloat64));
-  }
-  return norms.empty() ? 0.0 : torch::stack(norms).norm(2).item<double>();
-}
-
 GradientSet module_gradients(torch::nn::Module& module) {
   GradientSet g;
-  g.module = &module;
   for (auto& p : module.parameters()) {
     if (p.grad().defined()) g.tensors.push_back(p.grad());
   }
   return g;
 }
 
-double grad_norm(const GradientSet& grads) {
-  if (grads.module) return grad_norm(*grads.module);  // unchanged: the unsharded runs' numbers
+torch::Tensor grad_norm(const GradientSet& grads) {
   torch::NoGradGuard no_grad;
-  double sq = 0;
-  for (const auto& t : grads.tensors) {
-    double n = t.norm(2).to(torch::kFloat64).item<double>();
-    sq += n * n;
-  }
-  if (grads.pool) sq = grads.pool(sq);
-  return std::sqrt(sq);
+  std::vector<torch::Tensor> norms;
+  for (const auto& t : grads.tensors) norms.push_back(t.norm(2).to(torch::kFloat64));
+  if (!grads.pool) return norms.empty() ? torch::zeros({}, torch::kFloat64) : torch::stack(norms).norm(2);
+  auto sq = norms.empty() ? torch::zeros({1}, torch::kFloat64) : torch::stack(norms).square().sum().reshape({1});
+  grads.pool(sq);
+  return sq.sqrt().reshape({});
 }
 
 torch::Tensor LossScaler::scale(const torch::Tensor& loss) const { return enabled_ ? loss * scale_ : loss; }
@@ -94,7 +80,7 @@ bool LossScaler::unscale_and_update(const GradientSet& grads) {
   if (!enabled_) return true;
   torch::NoGradGuard no_grad;
   for (const auto& g : grads.tensors) g.mul_(1.0 / scale_);
-  bool finite = std::isfinite(grad_norm(grads));
+  bool finite = std::isfinite(host_value(grad_norm(grads)));
   if (!finite) {
     scale_ *= backoff_;
     clean_steps_ = 0;
@@ -116,9 +102,10 @@ void LossScaler::restore(const torch::Tensor& state) {
   COHORT_CHECK(state.numel() == 3, DataError, "a checkpoint's loss_scaler state has ", state.numel(),
                " values, not 3");
   auto s = state.to(torch::kFloat64);
-  scale_ = s[0].item<double>();
-  clean_steps_ = static_cast<int64_t>(s[1].item<double>());
-  skipped_ = static_cast<int64_t>(s[2].item<double>());
+  auto v = host_values(s);
+  scale_ = v[0];
+  clean_steps_ = static_cast<int64_t>(v[1]);
+  skipped_ = static_cast<int64_t>(v[2]);
 }
 
 }  // namespace cohort

@@ -20,28 +20,26 @@ namespace cohort {
 // train.precision -> fp32, bf16 or fp16 (never auto). auto is fp16 on CUDA, bf16 on
 // a CPU with AMX, fp32 otherwise: with libtorch 2.x's MKL, fp32 matrix
 // products outrun AVX512-BF16's (on a 2-core AVX512-BF16 Xeon, 360 against
-// 165 GFLOP/s at 2048², and a bert-tiny step 35% faster in fp32). Throws
-// ConfigError for fp16 on CPU (use bf16 there: fp16's range needs loss scaling,
-// and CPUs without AVX512-FP16 emulate it slowly).
+// 165 GFLOP/s at 2048², and a bert-tiny step 35% faster in fp32). fp16 on a
+// CPU runs, with loss scaling, but most CPUs emulate it: bf16 is faster there.
 Precision resolve_precision(Precision requested, const c10::Device& device);
 
 // True when /proc/cpuinfo lists amx_bf16 (Sapphire Rapids and later).
 bool cpu_has_amx_bf16();
 
-// The L2 norm of all of `module`'s gradients together: inf or NaN when any
-// gradient is. One reduction per tensor, no copies.
-double grad_norm(torch::nn::Module& module);
-
 // The gradients a step applies, as this rank holds them: every parameter's,
 // or (dist.shard = gradients) only its range's, whose squared norms `pool`
-// sums over the ranks. Clipping and the loss scaler work on these.
+// sums over the ranks (a float64 tensor of one value, in place). Clipping and
+// the loss scaler work on these.
 struct GradientSet {
   std::vector<torch::Tensor> tensors;
-  std::function<double(double)> pool;  // null: the tensors are every gradient
-  torch::nn::Module* module = nullptr;  // set by module_gradients
+  std::function<void(torch::Tensor&)> pool;  // null: the tensors are every gradient
 };
 GradientSet module_gradients(torch::nn::Module& module);
-double grad_norm(const GradientSet& grads);
+// The L2 norm of all the gradients together, a float64 scalar on their
+// device (read nothing): inf or NaN when any gradient is. One reduction per
+// tensor, no copies.
+torch::Tensor grad_norm(const GradientSet& grads);
 
 // Autocast on for the scope's lifetime when precision is bf16 or fp16.
 class AutocastScope {
@@ -73,6 +71,9 @@ class LossScaler {
   torch::Tensor scale(const torch::Tensor& loss) const;
   // Unscales every gradient of `module` in place and reports whether all are
   // finite; updates the scale. The caller skips the optimizer step on false.
+  // Enabled, it reads one value from the device (the norm's finiteness), as
+  // torch.amp.GradScaler.step does: whether to step is the host's decision.
+  // Disabled, it reads nothing.
   bool unscale_and_update(torch::nn::Module& module) { return unscale_and_update(module_gradients(module)); }
   bool unscale_and_update(const GradientSet& grads);
   int64_t skipped() const { return skipped_; }

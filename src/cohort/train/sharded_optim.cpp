@@ -85,8 +85,9 @@ GradientSet ShardedOptimizer::gradients() {
   GradientSet g;
   g.tensors = {grad_};
   const bool counts = layout_.primary(comm_.rank());  // one copy of each range in the sum
-  g.pool = [this, counts](double sq) {
-    return comm_.all_reduce_sum(std::vector<double>{counts ? sq : 0.0}, "gradient norm")[0];
+  g.pool = [this, counts](torch::Tensor& sq) {
+    if (!counts) sq.zero_();
+    comm_.all_reduce_sum(sq, "gradient norm");
   };
   return g;
 }
@@ -144,7 +145,10 @@ void ShardedOptimizer::adamw_step() {
 // summed over the groups' primaries first (one all-reduce).
 void ShardedOptimizer::lamb_step() {
   const bool counts = layout_.primary(comm_.rank());
-  std::vector<double> sq(2 * params_.size(), 0.0);
+  // Per parameter, ||w||² and ||u||² of this rank's pieces, summed on the
+  // device: the trust ratios never leave it.
+  std::vector<torch::Tensor> sq(2 * params_.size());
+  auto add = [&sq](size_t at, const torch::Tensor& v) { sq[at] = sq[at].defined() ? sq[at] + v : v; };
   std::vector<torch::Tensor> updates(segments_.size());
   for (size_t i = 0; i < segments_.size(); ++i) {
     const auto& s = segments_[i];
@@ -161,24 +165,28 @@ void ShardedOptimizer::lamb_step() {
     if (o.weight_decay() != 0) {
       update.add_(w, o.weight_decay());
       if (counts) {
-        double wn = w.norm().item<double>(), un = update.norm().item<double>();
-        sq[2 * s.param] += wn * wn;
-        sq[2 * s.param + 1] += un * un;
+        add(2 * s.param, w.norm().to(torch::kFloat64).square());
+        add(2 * s.param + 1, update.norm().to(torch::kFloat64).square());
       }
     }
     updates[i] = update;
   }
-  sq = comm_.all_reduce_sum(sq, "LAMB trust ratios");
+  auto zero = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(exp_avg_.device()));
+  for (auto& v : sq) {
+    if (!v.defined()) v = zero;
+  }
+  torch::Tensor norms = torch::stack(sq);
+  comm_.all_reduce_sum(norms, "LAMB trust ratios");
+  norms = norms.sqrt();
   for (size_t i = 0; i < segments_.size(); ++i) {
     if (!updates[i].defined()) continue;
     const auto& s = segments_[i];
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(param_groups_.at(s.decay ? 0 : 1).options());
-    double ratio = 1.0;
-    if (o.weight_decay() != 0) {
-      double wn = std::sqrt(sq[2 * s.param]), un = std::sqrt(sq[2 * s.param + 1]);
-      if (wn > 0 && un > 0) ratio = wn / un;
+    if (o.weight_decay() == 0) {
+      param_of(s).add_(updates[i], -o.lr());
+      continue;
     }
-    param_of(s).add_(updates[i], -o.lr() * ratio);
+    param_of(s).sub_(updates[i] * (o.lr() * trust_ratio(norms[2 * s.param], norms[2 * s.param + 1])));
   }
 }
 

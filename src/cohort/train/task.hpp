@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cohort/data/dataset.hpp"
+#include "cohort/device/device_tally.hpp"
 #include "cohort/eval/tally.hpp"
 
 namespace cohort {
@@ -29,7 +30,10 @@ struct TaskOutput {
   // global unit count, so gradients are per-term means over the global batch
   // whatever the world size and the split across ranks.
   std::vector<torch::Tensor> loss_sums;
-  Tally tally;  // metric sums and counts, e.g. loss, accuracy
+  // Metric sums and counts, e.g. loss, accuracy. Add sums as tensors
+  // (loss.detach(), correct.sum()): the trainer reads them once per log
+  // interval, so that a step never waits for the device.
+  DeviceTally tally;
 };
 
 // What forward(batch) will be normalised by, known without running the model.
@@ -45,7 +49,13 @@ class Task {
   virtual const Dataset& train_set() const = 0;
   // Throws ConfigError for a split this task does not have.
   virtual std::shared_ptr<const Dataset> eval_set(const std::string& split) const = 0;
-  // Runs the model on a collated batch (already on the task's device).
+  // Adds to a batch, while it is still on the host, what forward would
+  // otherwise read back from the device (bert-pretrain: the indices of the
+  // real masked tokens), and checks it (token ids within the vocabulary).
+  // The trainer and evaluation call it before the batch moves to the device.
+  virtual void add_host_inputs(Example& batch) const { (void)batch; }
+  // Runs the model on a collated batch (already on the task's device), after
+  // add_host_inputs. It reads nothing back from the device.
   virtual TaskOutput forward(const Example& batch) = 0;
   // The units forward(batch) will report: the trainer needs the global
   // counts before the first backward.

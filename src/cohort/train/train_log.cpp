@@ -1,6 +1,11 @@
 #include "cohort/train/train_log.hpp"
 
 #include <algorithm>
+#include <cmath>
+
+#include "cohort/core/error.hpp"
+#include "cohort/device/host_read.hpp"
+#include "cohort/obs/reporter.hpp"
 
 #include "cohort/data/balance.hpp"
 #include "cohort/train/optim.hpp"
@@ -11,28 +16,65 @@
 namespace cohort {
 
 TrainLog::TrainLog(const Task& task, const LrSchedule& schedule, const Balancer& balancer, int64_t total_steps)
-    : task_(task), schedule_(schedule), balancer_(balancer), total_steps_(total_steps) {
-  interval_.tally = task_.empty_tally();
-}
+    : task_(task), schedule_(schedule), balancer_(balancer), total_steps_(total_steps) {}
 
 void TrainLog::begin(int64_t start_step, Clock::time_point start) {
   start_step_ = start_step;
   start_ = start;
 }
 
-void TrainLog::count(const StepResult& result) {
+void TrainLog::count(int64_t step, const StepResult& result) {
   interval_.phases.end_step();
   interval_.tally.merge(result.tally);
   interval_.units += result.units;
+  pending_.push_back({step, result.tally, result.grad_norm});
 }
 
-void TrainLog::progress(const StepResult& result, const TrainState& state, int64_t epoch, Reporter& reporter) const {
+// One read for everything: per pending step its metrics and gradient norm
+// (NaN-free 0 when the step was skipped), then the interval's metrics.
+void TrainLog::settle() {
+  if (pending_.empty() && !interval_.tally.on_device()) return;
+  const Tally layout = task_.empty_tally();
+  const size_t width = 2 * layout.names().size() + 1;
+  c10::Device device(c10::kCPU);
+  std::vector<torch::Tensor> parts;
+  for (const auto& p : pending_) {
+    auto flat = p.tally.flatten(layout, p.grad_norm.defined() ? p.grad_norm.device() : device);
+    device = flat.device();
+    auto norm = p.grad_norm.defined() ? p.grad_norm.to(torch::kFloat64).reshape({1}).to(device)
+                                      : torch::zeros({1}, flat.options());
+    parts.push_back(flat);
+    parts.push_back(norm);
+  }
+  parts.push_back(interval_.tally.flatten(layout, device));
+  std::vector<double> values = host_values(torch::cat(parts));
+  size_t at = 0;
+  for (const auto& p : pending_) {
+    Tally t = layout;
+    t.unflatten(std::vector<double>(values.begin() + static_cast<long>(at),
+                                    values.begin() + static_cast<long>(at + width - 1)));
+    double loss = metric_value(task_.report(t), "loss");
+    COHORT_CHECK(std::isfinite(values[at + width - 1]), Error, "step ", p.step, ": non-finite gradients (loss ", loss,
+                 "); lower optim.lr or enable optim.clip-norm");
+    step_losses_.push_back(loss);
+    at += width;
+  }
+  pending_.clear();
+  Tally interval = layout;
+  interval.unflatten(std::vector<double>(values.begin() + static_cast<long>(at), values.end()));
+  last_loss_ = metric_value(task_.report(interval), "loss");
+  interval_.tally = DeviceTally();
+  for (const auto& name : interval.names()) interval_.tally.add(name, interval.sum(name), interval.count(name));
+}
+
+void TrainLog::progress(const TrainState& state, int64_t epoch, Reporter& reporter) const {
   double secs = seconds_since(interval_.start);
-  reporter.progress({state.step, total_steps_, epoch, result.loss, schedule_.at(state.step - 1),
+  reporter.progress({state.step, total_steps_, epoch, last_loss_, schedule_.at(state.step - 1),
                      interval_.units / std::max(secs, 1e-9), task_.unit_name(), eta(state.step)});
 }
 
-TrainReport TrainLog::line(const TrainState& state, int64_t epoch) const {
+TrainReport TrainLog::line(const TrainState& state, int64_t epoch) {
+  settle();
   TrainReport r;
   r.step = state.step;
   r.total_steps = total_steps_;
@@ -42,15 +84,12 @@ TrainReport TrainLog::line(const TrainState& state, int64_t epoch) const {
   r.units_per_s = interval_.units / std::max(seconds_since(interval_.start), 1e-9);
   r.unit = task_.unit_name();
   r.eta_s = eta(state.step);
-  r.metrics = task_.report(interval_.tally);
+  r.metrics = task_.report(interval_.tally.read(task_.empty_tally()));
   if (balancer_.mode() != Balance::kEqual) r.balance = balancer_.shares();
   return r;
 }
 
-void TrainLog::next_interval() {
-  interval_ = Interval();
-  interval_.tally = task_.empty_tally();
-}
+void TrainLog::next_interval() { interval_ = Interval(); }
 
 double TrainLog::eta(int64_t step) const {
   return eta_seconds(seconds_since(start_), step - start_step_, total_steps_ - step);

@@ -12,6 +12,7 @@
 
 #include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/data/order.hpp"
+#include "cohort/device/device_tally.hpp"
 #include "cohort/eval/tally.hpp"
 #include "cohort/obs/reporter.hpp"
 #include "cohort/train/precision.hpp"
@@ -75,7 +76,7 @@ struct Handover {
   // world that took it could not (a member lost after its update).
   Cursor step_cursor;                    // where the last step's global batch started; consumed -1: unknown
   std::optional<TrainReport> train_line;  // the last step's train line, when one was due
-  Tally interval;                        // the open log interval's metrics, summed over ranks
+  DeviceTally interval;                  // the open log interval's metrics, summed over ranks
   // Where this process's first world began: the run's summary counts every world.
   int64_t first_step = 0;
   std::chrono::steady_clock::time_point started;

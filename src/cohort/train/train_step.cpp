@@ -1,7 +1,5 @@
 #include "cohort/train/train_step.hpp"
 
-#include <torch/cuda.h>
-
 #include <algorithm>
 #include <optional>
 
@@ -93,34 +91,35 @@ StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch
   if (parts.shards) parts.shards->zero_grad_range();
   std::vector<double> units = global_units(parts, batch, state.step);
   StepResult result;
-  result.tally = parts.task.empty_tally();
   const size_t rounds = reduce_rounds(parts, batch);
   for (size_t m = 0; m < rounds; ++m) {
     if (parts.grad_sync) parts.grad_sync->prepare(/*sync=*/m + 1 == rounds);  // only the last backward communicates
     if (m >= batch.micro.size() || batch.micro[m].empty()) continue;  // an empty round still takes its part
     const Example& micro = batch.micro[m];
     auto t0 = Clock::now();
+    if (parts.clock) parts.clock->start();
     if (parts.at) parts.at(StepPoint::kForwardBegin, state.step + 1);
     TaskOutput out;
     {
-      std::optional<DropoutRows> rows;
+      std::optional<DropoutRows> rows, packed_rows;
       if (parts.dropout_rng == DropoutRng::kSample) {
         const Slice r = batch.micro_rows.at(m);
         rows.emplace(parts.seed, state.step,
                      std::vector<int64_t>(batch.indices.begin() + r.begin, batch.indices.begin() + r.end));
+        // Packed rows' token keys from the host's copy of the batch.
+        if (micro.count("seq_ids")) packed_rows.emplace(*rows, micro.at("seq_ids"), micro.at("position_ids"));
       }
       AutocastScope autocast(parts.precision, parts.device);
-      out = parts.task.forward(to_device(micro, parts.device));
+      out = parts.task.forward(m < batch.staged.size() ? batch.staged[m] : to_device(micro, parts.device));
     }
     if (parts.at) parts.at(StepPoint::kForwardDone, state.step + 1);
     auto t1 = timer.lap(Phase::kForward, t0);
     torch::Tensor loss = out.loss_sums.at(0) / units[0];
     for (size_t i = 1; i < out.loss_sums.size(); ++i) loss = loss + out.loss_sums[i] / units[i];
     state.scaler.scale(loss).backward();
-    if (parts.time_on_device && parts.device.is_cuda()) torch::cuda::synchronize();
-    if (parts.at) parts.at(StepPoint::kBackwardDone, state.step + 1);
-    auto t2 = timer.lap(Phase::kBackward, t1);
-    result.compute_s += std::chrono::duration<double>(t2 - t0).count();
+    if (parts.at) parts.at(StepPoint::kBackwardDone, state.step + 1);  // (a slowed rank's delay counts)
+    if (parts.clock) parts.clock->stop();
+    timer.lap(Phase::kBackward, t1);
     result.samples += batch.micro_rows.at(m).size();
     result.tally.merge(out.tally);
   }
@@ -128,19 +127,21 @@ StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch
   if (parts.grad_sync) parts.grad_sync->finalize();
   // The step's metrics are summed over the ranks before its update is
   // applied, so every rank that applies it holds its whole record: when a
-  // member is lost right after, the survivors can still log the step.
-  result.tally.unflatten(parts.comm.all_reduce_sum(result.tally.flatten(), "step metrics"));
+  // member is lost right after, the survivors can still log the step. On a
+  // GPU the sum is queued on the device like the rest of the step.
+  const Tally layout = parts.task.empty_tally();
+  torch::Tensor metrics = result.tally.flatten(layout, parts.device);
+  parts.comm.all_reduce_sum(metrics, "step metrics");
+  result.tally = DeviceTally::unflatten(layout, metrics);
   auto t_optim = timer.lap(Phase::kComm, t_comm);
   result.units = static_cast<int64_t>(units.back());
-  result.loss = metric_value(parts.task.report(result.tally), "loss");
   // The gradients are all-reduced, so every rank sees the same ones and takes
-  // the same decision (local steps: each rank its own). fp16: an overflow skips the step and lowers the loss
-  // scale. Otherwise a non-finite gradient is fatal: training has diverged.
+  // the same decision (local steps: each rank its own). fp16: an overflow
+  // skips the step and lowers the loss scale. Otherwise a non-finite gradient
+  // is fatal (training diverged): the log point that reads grad_norm says so.
   GradientSet grads = parts.shards ? parts.shards->gradients() : module_gradients(module);
   if (state.scaler.unscale_and_update(grads)) {
-    double norm = clip_gradients(grads, parts.clip_norm);  // global: the gradients are reduced
-    COHORT_CHECK(std::isfinite(norm), Error, "step ", state.step, ": non-finite gradients (loss ",
-                 result.loss, "); lower optim.lr or enable optim.clip-norm");
+    result.grad_norm = clip_gradients(grads, parts.clip_norm);  // global: the gradients are reduced
     set_lr(parts.optimizer, parts.schedule.at(state.step));
     parts.optimizer.step();
   }

@@ -2,7 +2,8 @@
 //
 // One optimizer step, the heart of data-parallel training: forward and
 // backward over this rank's micro-batches with gradients all-reduced as
-// backward runs, then unscale, clip and step. Every loss term is divided by
+// backward runs, then unscale, clip and step. Nothing in it waits for the
+// device: metrics and the gradient norm stay there until a log point. Every loss term is divided by
 // its unit count over the whole global batch, so the gradient is the same
 // mean whatever the world size and however samples split across ranks.
 #pragma once
@@ -14,7 +15,8 @@
 
 #include "cohort/config/choice.hpp"
 #include "cohort/data/loader.hpp"
-#include "cohort/eval/tally.hpp"
+#include "cohort/device/device_feed.hpp"
+#include "cohort/device/device_tally.hpp"
 #include "cohort/train/optim.hpp"
 #include "cohort/train/phase_timer.hpp"
 #include "cohort/train/step_point.hpp"
@@ -44,23 +46,24 @@ struct StepParts {
   double clip_norm = 0;
   DropoutRng dropout_rng = DropoutRng::kSample;
   uint64_t seed = 0;            // train.seed: keys per-sample dropout masks
-  bool time_on_device = false;  // data.balance = auto: compute_s waits for a GPU's kernels
-  StepHook at;                  // testing aid, at kForwardBegin, kForwardDone and kBackwardDone
+  ComputeClock* clock = nullptr;  // data.balance = auto: times each forward and backward
+  StepHook at;                    // testing aid, at kForwardBegin, kForwardDone and kBackwardDone
 };
 
+// What a step leaves on the device for the log point to read
+// (TrainLog::settle), so that the step itself never waits for the device.
 struct StepResult {
-  double loss = 0;     // the step's mean loss over all ranks
-  Tally tally;         // the step's metric sums over all ranks
-  int64_t units = 0;   // global throughput units (images, tokens)
-  int64_t samples = 0;     // this rank's samples
-  double compute_s = 0;    // this rank's forward + backward seconds
+  DeviceTally tally;         // the step's metric sums over all ranks
+  torch::Tensor grad_norm;   // the global gradient norm before clipping; non-finite: the step diverged
+  int64_t units = 0;         // global throughput units (images, tokens)
+  int64_t samples = 0;       // this rank's samples
 };
 
 // Takes step `state.step` on `batch` (collective: every rank calls it with
-// its share). The step's metrics are reduced over the ranks before the
+// its share), reading nothing back from the device, except fp16's overflow
+// flag (LossScaler). The step's metrics are reduced over the ranks before the
 // update is applied. Updates the loss scale; the caller advances the step and
-// cursor. Error naming the step when gradients are non-finite (without
-// fp16's loss scaling, that is divergence).
+// cursor, and checks grad_norm when it reads the step's metrics.
 StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch& batch, PhaseTimer& timer);
 
 }  // namespace cohort

@@ -11,6 +11,7 @@
 #include "cohort/core/format.hpp"
 #include "cohort/data/balance.hpp"
 #include "cohort/data/loader.hpp"
+#include "cohort/device/device_feed.hpp"
 #include "cohort/distributed/comm.hpp"
 #include "cohort/distributed/grad_sync.hpp"
 #include "cohort/train/replica_sync.hpp"
@@ -57,6 +58,8 @@ struct Trainer::Parts {
   std::unique_ptr<Balancer> balancer;
   std::unique_ptr<Loader> loader;
   std::unique_ptr<SpeedBalance> speed_balance;  // data.balance = auto; made in begin()
+  std::unique_ptr<ComputeClock> compute_clock;  // data.balance = auto: times forward and backward
+  std::unique_ptr<DeviceFeed> feed;             // stages each step's batch on the device
   std::unique_ptr<Keeper> keeper;               // checkpoints, the best one, early stopping
   std::unique_ptr<TrainLog> log;                // progress and train lines
   std::unique_ptr<RunDirLock> run_lock;  // rank 0's: RUN_DIR/.lock, released when the run ends cleanly
@@ -86,6 +89,7 @@ struct Trainer::Parts {
   void rebalance(const StepResult& result);
   void log_train(int64_t epoch);
   bool line_due() const { return due(cfg.log.every_steps) || state.step == total_steps; }
+  void save();
   void run_eval();
   bool eval_due(const StepBatch& batch) const;
   bool stop_agreed();
@@ -137,6 +141,8 @@ Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
   loader = std::make_unique<Loader>(task->train_set(), *order, loader_options(cfg, world, state.balance_shares),
                                     state.cursor);
   log = std::make_unique<TrainLog>(*task, schedule, *balancer, total_steps);
+  feed = std::make_unique<DeviceFeed>(world.device);
+  compute_clock = std::make_unique<ComputeClock>(world.device);
   agree_start_point(comm, {run.out_dir, run.config_toml, state.step, task->train_set().size(), total_steps,
                            balancer->shares()});
   open_outputs();
@@ -242,7 +248,7 @@ StepParts Trainer::Parts::step_parts() const {
   p.clip_norm = cfg.optim.clip_norm;
   p.dropout_rng = cfg.model.dropout_rng;
   p.seed = cfg.train.seed;
-  p.time_on_device = cfg.data.balance == Balance::kAuto;
+  if (cfg.data.balance == Balance::kAuto && world.world_size > 1) p.clock = compute_clock.get();
   p.shards = shards;
   p.at = run.at;
   return p;
@@ -252,14 +258,19 @@ StepBatch Trainer::Parts::next_batch() {
   if (run.at) run.at(StepPoint::kBegin, state.step + 1);
   step_start = Clock::now();
   StepBatch batch = loader->next();
+  for (auto& micro : batch.micro) {
+    if (!micro.empty()) task->add_host_inputs(micro);
+  }
+  // On a GPU the copies overlap the previous step's kernels, still running:
+  // the host is ahead of the device, since no step waits for it.
+  batch.staged = feed->stage(batch.micro);
   log->interval().phases.lap(Phase::kData, step_start);
   return batch;
 }
 
 void Trainer::Parts::finish_step(const StepBatch& batch, const StepResult& result) {
   log->interval().phases.lap(Phase::kStep, step_start);
-  log->count(result);
-  summary.step_losses.push_back(result.loss);
+  log->count(state.step + 1, result);
   state.samples_seen += batch.global_samples;
   ++state.step;
   bool synced = replicas->after_step(state.step, result.samples, state.step == total_steps);
@@ -274,14 +285,14 @@ void Trainer::Parts::finish_step(const StepBatch& batch, const StepResult& resul
                << '\n' << std::flush;
     COHORT_CHECK(sample_log.good(), Error, RunDir(run.out_dir).sample_ids_file(world.rank), ": write failed (disk full?)");
   }
-  log->progress(result, state, batch.cursor.epoch, *reporter);
+  log->progress(state, batch.cursor.epoch, *reporter);
 }
 
 // data.balance = auto: every balance-every steps the ranks pool their
 // measured speeds and re-deal the coming steps (data/balance.hpp).
 void Trainer::Parts::rebalance(const StepResult& result) {
   auto sum = [this](const std::vector<double>& v) { return comm.all_reduce_sum(v, "balance measurement"); };
-  std::string change = speed_balance->after_step(state.step, total_steps, result.samples, result.compute_s, sum);
+  std::string change = speed_balance->after_step(state.step, total_steps, result.samples, *compute_clock, sum);
   if (change.empty()) return;
   state.balance_shares = balancer->shares();
   reporter->message(change);
@@ -298,6 +309,13 @@ void Trainer::Parts::log_train(int64_t epoch) {
   if (run.at) run.at(StepPoint::kLine, state.step);
   reporter->train(r);
   log->next_interval();
+}
+
+// The steps since the last line are read first: a diverged run stops here,
+// before its checkpoint.
+void Trainer::Parts::save() {
+  log->settle();
+  keeper->save(*reporter);
 }
 
 void Trainer::Parts::run_eval() {
@@ -342,6 +360,8 @@ bool Trainer::Parts::early_stop() {
 
 RunSummary Trainer::Parts::end() {
   if (run_lock) run_lock->release();
+  log->settle();
+  summary.step_losses = log->step_losses();
   summary.steps = state.step;
   summary.seconds = seconds_since(log->start());
   reporter->message(strf("cohort: done: %lld steps in %s%s%s", static_cast<long long>(state.step - log->start_step()),
@@ -372,7 +392,7 @@ RunSummary Trainer::run() {
       if (!p.line_due()) p.log_train(batch.cursor.epoch);  // the run's last step has its line
       stop = true;
     }
-    if (p.due(p.cfg.ckpt.every_steps) || last || stop) p.keeper->save(*p.reporter);
+    if (p.due(p.cfg.ckpt.every_steps) || last || stop) p.save();
     if (stop) break;
     p.admit_joiners();
   }

@@ -114,6 +114,17 @@ class BertClassifyTask : public Task {
   bool units_are_samples() const override { return true; }
   bool init_partially() const override { return true; }
 
+  // Every confusion cell's name, in order: one block of the tally.
+  std::shared_ptr<const std::vector<std::string>> cell_names() {
+    if (!cells_) {
+      auto names = std::make_shared<std::vector<std::string>>();
+      for (int64_t t = 0; t < labels().size(); ++t)
+        for (int64_t p = 0; p < labels().size(); ++p) names->push_back(cell_name(t, p));
+      cells_ = std::move(names);
+    }
+    return cells_;
+  }
+
   std::vector<std::string> metric_names() const override {
     std::vector<std::string> names = {"accuracy", "loss"};
     for (int64_t t = 0; t < labels().size(); ++t)
@@ -168,14 +179,12 @@ class BertClassifyTask : public Task {
     out.loss_sums = {loss};
     const double n = static_cast<double>(label.size(0));
     auto predicted = z.argmax(1);
-    out.tally.add("loss", loss.detach().item<double>(), n);
-    out.tally.add("accuracy", predicted.eq(label).sum().item<double>(), n);
+    out.tally.add("loss", loss, n);
+    out.tally.add("accuracy", predicted.eq(label).sum(), n);
     const int64_t k = labels().size();
-    auto cells = torch::bincount(label * k + predicted, {}, k * k).cpu();
-    auto* c = cells.data_ptr<int64_t>();
-    for (int64_t i = 0; i < k * k; ++i) {
-      if (c[i] > 0) out.tally.add(cell_name(i / k, i % k), static_cast<double>(c[i]), static_cast<double>(c[i]));
-    }
+    // The cells stay on the device, one block (their names sort together).
+    auto cells = torch::bincount(label * k + predicted, {}, k * k);
+    out.tally.add(cell_names(), cells, cells);
     return out;
   }
 
@@ -260,6 +269,7 @@ class BertClassifyTask : public Task {
   TextClassifyOptions opts_;
   LabelSet labels_;
   mutable std::once_flag train_once_;
+  std::shared_ptr<const std::vector<std::string>> cells_;  // cell_names()
   mutable std::shared_ptr<TextClassification> train_;  // loaded at once, or on first use after data.labels
   BertForClassification model_{nullptr};
 };

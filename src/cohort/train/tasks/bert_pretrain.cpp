@@ -157,12 +157,32 @@ class BertPretrainTask : public Task {
     return {terms, b.at("input_mask").sum().item<int64_t>()};
   }
 
-  TaskOutput forward(const Example& b) override {
+  // The checks that read the batch, and where its real masked tokens are,
+  // while it is on the host.
+  void add_host_inputs(Example& b) const override {
     const auto& ids = b.at("input_ids");
-    int64_t vocab = model_->config().vocab_size;
-    COHORT_CHECK(ids.numel() == 0 || ids.max().item<int64_t>() < vocab, DataError, "a batch of ", dir_,
-                 " has token id ", ids.max().item<int64_t>(), " but the model's vocabulary is ", vocab,
-                 " (model.vocab-size)");
+    const int64_t vocab = model_->config().vocab_size;
+    const int64_t top = ids.numel() == 0 ? 0 : ids.max().item<int64_t>();
+    COHORT_CHECK(top < vocab, DataError, "a batch of ", dir_, " has token id ", top,
+                 " but the model's vocabulary is ", vocab, " (model.vocab-size)");
+    auto keep = b.at("masked_lm_ids").reshape({-1}).ge(0).nonzero().squeeze(1);
+    const bool packed = b.count("seq_ids") > 0;
+    const auto& positions = b.at("masked_lm_positions");
+    if (keep.numel() > 0) {  // a position outside its row would read another row's token
+      const int64_t limit = packed ? ids.numel() : ids.size(1);
+      const int64_t last = positions.reshape({-1}).index_select(0, keep).max().item<int64_t>();
+      COHORT_CHECK(last < limit, DataError, "a batch of ", dir_, " has a masked position outside its row: ", last,
+                   " of ", limit);
+    }
+    b["masked_lm_index"] = keep;
+  }
+
+  TaskOutput forward(const Example& b) override {
+    if (!b.count("masked_lm_index")) {  // a caller that skipped add_host_inputs: it reads the batch here
+      Example with = b;
+      add_host_inputs(with);
+      return forward(with);
+    }
     BertOutputs out = model_->forward(BertBatch::from(b));
     const auto& nsp_labels = b.at("next_sentence_labels");
     auto sum = F::CrossEntropyFuncOptions().reduction(torch::kSum);
@@ -171,8 +191,8 @@ class BertPretrainTask : public Task {
     TaskOutput r;
     r.loss_sums = {mlm};
     double m = static_cast<double>(out.mlm_labels.size(0)), n = static_cast<double>(nsp_labels.size(0));
-    r.tally.add("mlm_loss", mlm.detach().item<double>(), m);
-    r.tally.add("mlm_accuracy", mlm_logits.argmax(1).eq(out.mlm_labels).sum().item<double>(), m);
+    r.tally.add("mlm_loss", mlm, m);
+    r.tally.add("mlm_accuracy", mlm_logits.argmax(1).eq(out.mlm_labels).sum(), m);
     if (!nsp_) {
       r.tally.add("sequences", n, n);
       return r;
@@ -180,8 +200,8 @@ class BertPretrainTask : public Task {
     auto nsp_logits = out.nsp_logits.to(torch::kFloat32);
     auto nsp = F::cross_entropy(nsp_logits, nsp_labels, sum);
     r.loss_sums.push_back(nsp);
-    r.tally.add("nsp_loss", nsp.detach().item<double>(), n);
-    r.tally.add("nsp_accuracy", nsp_logits.argmax(1).eq(nsp_labels).sum().item<double>(), n);
+    r.tally.add("nsp_loss", nsp, n);
+    r.tally.add("nsp_accuracy", nsp_logits.argmax(1).eq(nsp_labels).sum(), n);
     return r;
   }
 

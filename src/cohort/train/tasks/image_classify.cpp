@@ -53,8 +53,8 @@ class ImageClassifyTask : public Task {
         logits, labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
     out.loss_sums = {loss_sum};
     double n = static_cast<double>(labels.size(0));
-    out.tally.add("loss", loss_sum.detach().item<double>(), n);
-    out.tally.add("accuracy", logits.argmax(1).eq(labels).sum().item<double>(), n);
+    out.tally.add("loss", loss_sum, n);
+    out.tally.add("accuracy", logits.argmax(1).eq(labels).sum(), n);
     return out;
   }
 
