@@ -1,7 +1,6 @@
 #include "cohort/data/masking.hpp"
 
 #include <algorithm>
-#include <numeric>
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/random.hpp"

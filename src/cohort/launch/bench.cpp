@@ -84,14 +84,9 @@ std::string peer_command(const fs::path& run_dir, int ranks, const BenchOptions&
   COHORT_CHECK(m.name == "bert", UsageError, "--peer pytorch mirrors the mlp and bert models (this config has model.name ",
                m.name, ")");
   // The peer (bench/peers/bert_pretrain.py) runs the stored masks with NSP.
-  for (const char* key : {"task.masking", "task.nsp"}) {
-    auto it = cfg.task.find(key);
-    const bool other = it != cfg.task.end() && (std::holds_alternative<bool>(it->second)
-                                                     ? !std::get<bool>(it->second)
-                                                     : std::get<std::string>(it->second) != "static");
-    COHORT_CHECK(!other, UsageError, "--peer pytorch mirrors the static-mask NSP recipe; this config sets ", key,
-                 " (bench/masking_recipes.py compares the dynamic recipes with Hugging Face's Trainer)");
-  }
+  COHORT_CHECK(cfg.task_key<std::string>("task.masking") == "static" && cfg.task_key<bool>("task.nsp"), UsageError,
+               "--peer pytorch mirrors the static-mask NSP recipe; this config sets task.masking or task.nsp "
+               "(bench/masking_recipes.py compares the dynamic recipes with Hugging Face's Trainer)");
   auto manifest = read_manifest(cfg.data.path);
   COHORT_CHECK(manifest && manifest->max_seq_length > 0 && manifest->max_predictions > 0, UsageError,
                "--peer pytorch needs ", (fs::path(cfg.data.path) / "manifest.json").string(),

@@ -22,21 +22,19 @@ std::vector<std::string> load_init_weights(Task& task, const std::string& init) 
   } catch (const DataError& e) {
     throw DataError(std::string("model.init ") + e.what());
   }
-  if (!task.init_partially()) {
-    std::vector<std::string> skipped =
-        load_model_weights(*task.module(), file, [&](const std::string& name) { return task.init_may_skip(name); });
-    if (skipped.empty()) return {"model.init: every tensor from " + file};
-    std::string names;
-    for (const auto& n : skipped) names += (names.empty() ? "" : ", ") + n;
-    return {"model.init: every tensor from " + file + " but " + names +
-            " (initialised or left out: the heads of the other recipe, task.nsp)"};
-  }
-  WeightsLoad w = load_model_weights_partial(*task.module(), file);
   auto list = [](const std::vector<std::string>& names) {
     std::string out;
     for (size_t i = 0; i < names.size() && i < 8; ++i) out += (i ? ", " : "") + names[i];
     return names.size() > 8 ? out + strf(", ... (%zu in all)", names.size()) : out;
   };
+  if (!task.init_partially()) {
+    std::vector<std::string> skipped =
+        load_model_weights(*task.module(), file, [&](const std::string& name) { return task.init_may_skip(name); });
+    if (skipped.empty()) return {"model.init: every tensor from " + file};
+    return {"model.init: every tensor from " + file + " but " + list(skipped) +
+            " (initialised or left out: the heads of the other recipe, task.nsp)"};
+  }
+  WeightsLoad w = load_model_weights_partial(*task.module(), file);
   std::vector<std::string> notes;
   notes.push_back(strf("model.init: %lld tensors from %s", static_cast<long long>(w.loaded), file.c_str()));
   if (!w.initialised.empty()) notes.push_back("model.init: initialised (not in the file): " + list(w.initialised));
