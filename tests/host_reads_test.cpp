@@ -3,8 +3,9 @@
 // of 20 steps that logs every 10 must make none in the iterations between
 // its log points, for every task, both optimizers, clipping, data.balance =
 // auto, bf16 and fp16 (whose loss scaler reads one flag per step, as
-// torch.amp.GradScaler does). On a GPU, Gpu.StepMakesNoHiddenSync
-// (gpu_test.cpp) proves the rest under CUDA's sync debug mode.
+// torch.amp.GradScaler does). On a GPU,
+// Gpu.StepsBetweenLogPointsNeverWaitForTheDevice (gpu_test.cpp) proves the
+// rest under CUDA's sync debug mode.
 #include <CLI/CLI.hpp>
 #include <gtest/gtest.h>
 
@@ -197,6 +198,11 @@ TEST(DeviceTally, SumsStayUnreadUntilOneReadAndKeepTallysLayout) {
   EXPECT_EQ(host_reads(), before + 1);
   host.add("nope", 1.0, 1);
   EXPECT_THROW(host.read(layout), Error);
+  // So is a block of metrics the task does not have: nothing is dropped.
+  DeviceTally other;
+  other.add(std::make_shared<const std::vector<std::string>>(std::vector<std::string>{"d/0", "d/1"}),
+            torch::ones({2}), torch::ones({2}));
+  EXPECT_THROW(other.flatten(layout, torch::kCPU), Error);
 }
 
 TEST(DeviceFeed, OnACpuTheBatchPassesThroughAndTheClockIsTheWallClock) {

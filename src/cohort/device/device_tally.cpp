@@ -83,10 +83,14 @@ torch::Tensor DeviceTally::flatten(const Tally& layout, const c10::Device& devic
   for (const auto& [name, e] : entries_) {
     COHORT_CHECK(layout.has(name), Error, "metric '", name, "' is not one of the task's metrics");
   }
+  // add() sums blocks over the same names, so each block starts at its own name.
   std::map<std::string, const Block*> starts;
   for (const auto& b : blocks_) {
-    if (!b.names->empty()) starts[b.names->front()] = &b;
+    if (b.names->empty()) continue;
+    COHORT_CHECK(starts.emplace(b.names->front(), &b).second, Error, "two blocks of metrics start at '",
+                 b.names->front(), "'");
   }
+  size_t used = 0;
   // An entry's host value is a fill kernel's argument, not a copy: a copy to
   // the device from pageable memory would make the host wait.
   auto value = [&](const torch::Tensor& on_device, double on_host) {
@@ -108,15 +112,8 @@ torch::Tensor DeviceTally::flatten(const Tally& layout, const c10::Device& devic
       const auto& bn = *block->second->names;
       COHORT_CHECK(i + bn.size() <= names.size() && std::equal(bn.begin(), bn.end(), names.begin() + static_cast<long>(i)),
                    Error, "a block of metrics from '", bn.front(), "' is not adjacent in the task's metrics");
-      // Other blocks over the same names (merged from different sources) add up.
-      torch::Tensor sums = block->second->sums.to(device), counts = block->second->counts.to(device);
-      for (const auto& b : blocks_) {
-        if (&b != block->second && same_names(b.names, block->second->names)) {
-          sums = sums + b.sums.to(device);
-          counts = counts + b.counts.to(device);
-        }
-      }
-      auto piece = torch::stack({sums, counts}, 1).reshape({-1});
+      auto piece = torch::stack({block->second->sums.to(device), block->second->counts.to(device)}, 1).reshape({-1});
+      ++used;
       // Entries over a block's names (a tally restored from the host) add in.
       std::vector<torch::Tensor> extra;
       for (size_t j = 0; j < bn.size(); ++j) {
@@ -139,6 +136,8 @@ torch::Tensor DeviceTally::flatten(const Tally& layout, const c10::Device& devic
     ++i;
   }
   flush();
+  size_t nonempty = std::count_if(blocks_.begin(), blocks_.end(), [](const Block& b) { return !b.names->empty(); });
+  COHORT_CHECK(used == nonempty, Error, nonempty - used, " block(s) of metrics are not in the task's metrics");
   return pieces.empty() ? torch::zeros({0}, opts) : torch::cat(pieces);
 }
 

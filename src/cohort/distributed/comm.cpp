@@ -19,6 +19,7 @@
 #include <cstring>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "cohort/core/error.hpp"
@@ -188,19 +189,30 @@ bool wants_nccl(const World& world, const CommOptions& opts) {
 #endif
 }
 
-// The NCCL group for CUDA tensors over `store`, or null without NCCL. A dead
-// or stalled peer must end the job, not hang it: async error handling tears
-// the communicator down when the watchdog (dist.timeout plus a margin) fires.
+// The NCCL group for CUDA tensors over `store`, or null without NCCL.
+// A fixed world: a dead or stalled peer must end the job, not hang it, so
+// async error handling tears the process down when the watchdog
+// (dist.timeout plus a margin) fires. An elastic world (`device` set): the
+// survivors go on, so an error only aborts the communicator (CleanUpOnly)
+// and reaches the polling wait through the work's exception; the
+// communicator connects now, in non-blocking mode bounded by the same
+// timeout, so that a member lost before the generation's first collective
+// cannot block the others inside NCCL's set-up.
 c10::intrusive_ptr<c10d::Backend> nccl_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                             const CommOptions& opts) {
+                                             const CommOptions& opts, std::optional<c10::Device> elastic_device = {}) {
 #ifdef USE_C10D_NCCL
-  setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", /*overwrite=*/0);
+  setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", elastic_device ? "2" : "1", /*overwrite=*/elastic_device ? 1 : 0);
   auto no = c10d::ProcessGroupNCCL::Options::create();
   no->timeout = opts.timeout + std::chrono::milliseconds(30000);
-  return c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("nccl", store), rank,
-                                                     size, no);
+#ifdef NCCL_HAS_COMM_NONBLOCKING
+  if (elastic_device) no->config.blocking = 0;
+#endif
+  auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("nccl", store), rank,
+                                                        size, no);
+  if (elastic_device) pg->eagerConnectSingleDevice(*elastic_device);
+  return pg;
 #else
-  (void)store, (void)rank, (void)size, (void)opts;
+  (void)store, (void)rank, (void)size, (void)opts, (void)elastic_device;
   return {};
 #endif
 }
@@ -508,7 +520,7 @@ std::unique_ptr<Comm> Comm::form(const World& world, const RankSpec& spec, const
     // CUDA tensors: a NCCL communicator of this generation's own (its store
     // is the generation's), aborted when the generation ends. Control
     // traffic and heartbeats stay on Gloo and the store.
-    if (wants_nccl(world, opts)) impl->cuda_pg = nccl_group(store, world.rank, world.world_size, opts);
+    if (wants_nccl(world, opts)) impl->cuda_pg = nccl_group(store, world.rank, world.world_size, opts, world.device);
   } catch (const std::exception& e) {
     std::string why = detail::cat("could not form the process group of ", world.world_size, " ranks: ",
                                   detail::first_line(e.what()));

@@ -15,8 +15,9 @@
 
 namespace cohort {
 
-TrainLog::TrainLog(const Task& task, const LrSchedule& schedule, const Balancer& balancer, int64_t total_steps)
-    : task_(task), schedule_(schedule), balancer_(balancer), total_steps_(total_steps) {}
+TrainLog::TrainLog(const Task& task, const LrSchedule& schedule, const Balancer& balancer, int64_t total_steps,
+                   const c10::Device& device)
+    : task_(task), schedule_(schedule), balancer_(balancer), total_steps_(total_steps), device_(device) {}
 
 void TrainLog::begin(int64_t start_step, Clock::time_point start) {
   start_step_ = start_step;
@@ -30,23 +31,20 @@ void TrainLog::count(int64_t step, const StepResult& result) {
   pending_.push_back({step, result.tally, result.grad_norm});
 }
 
-// One read for everything: per pending step its metrics and gradient norm
-// (NaN-free 0 when the step was skipped), then the interval's metrics.
+// One read for everything, gathered on the rank's device: per pending step
+// its metrics and gradient norm (0 when fp16's scaler skipped the step),
+// then the interval's metrics.
 void TrainLog::settle() {
   if (pending_.empty() && !interval_.tally.on_device()) return;
   const Tally layout = task_.empty_tally();
   const size_t width = 2 * layout.names().size() + 1;
-  c10::Device device(c10::kCPU);
+  auto opts = torch::TensorOptions().dtype(torch::kFloat64).device(device_);
   std::vector<torch::Tensor> parts;
   for (const auto& p : pending_) {
-    auto flat = p.tally.flatten(layout, p.grad_norm.defined() ? p.grad_norm.device() : device);
-    device = flat.device();
-    auto norm = p.grad_norm.defined() ? p.grad_norm.to(torch::kFloat64).reshape({1}).to(device)
-                                      : torch::zeros({1}, flat.options());
-    parts.push_back(flat);
-    parts.push_back(norm);
+    parts.push_back(p.tally.flatten(layout, device_));
+    parts.push_back(p.grad_norm.defined() ? p.grad_norm.to(opts).reshape({1}) : torch::zeros({1}, opts));
   }
-  parts.push_back(interval_.tally.flatten(layout, device));
+  parts.push_back(interval_.tally.flatten(layout, device_));
   std::vector<double> values = host_values(torch::cat(parts));
   size_t at = 0;
   for (const auto& p : pending_) {

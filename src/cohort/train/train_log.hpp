@@ -9,6 +9,8 @@
 // shown between lines carries the last line's loss.
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -36,7 +38,9 @@ struct Interval {
 
 class TrainLog {
  public:
-  TrainLog(const Task& task, const LrSchedule& schedule, const Balancer& balancer, int64_t total_steps);
+  // `device`: where the steps leave their records (the rank's device).
+  TrainLog(const Task& task, const LrSchedule& schedule, const Balancer& balancer, int64_t total_steps,
+           const c10::Device& device);
 
   // Where this process's training began, which the ETA and the summary count
   // from: this world's first step, or an elastic process's first world's.
@@ -77,6 +81,7 @@ class TrainLog {
   const LrSchedule& schedule_;
   const Balancer& balancer_;
   int64_t total_steps_;
+  c10::Device device_;
   Interval interval_;
   std::vector<Pending> pending_;  // steps counted since the last settle()
   std::vector<double> step_losses_;

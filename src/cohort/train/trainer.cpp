@@ -140,7 +140,7 @@ Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
   state.balance_shares = balancer->shares();
   loader = std::make_unique<Loader>(task->train_set(), *order, loader_options(cfg, world, state.balance_shares),
                                     state.cursor);
-  log = std::make_unique<TrainLog>(*task, schedule, *balancer, total_steps);
+  log = std::make_unique<TrainLog>(*task, schedule, *balancer, total_steps, world.device);
   feed = std::make_unique<DeviceFeed>(world.device);
   compute_clock = std::make_unique<ComputeClock>(world.device);
   agree_start_point(comm, {run.out_dir, run.config_toml, state.step, task->train_set().size(), total_steps,
@@ -151,6 +151,7 @@ Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
 // Elastic: this process's state at the last completed step, and the step's
 // records; dist.sync = local: at the last sync.
 std::shared_ptr<const Handover> Trainer::Parts::handover() const {
+  log->settle();  // a diverged step is named in this world, not handed to the next
   std::shared_ptr<Handover> h;
   auto capture = [&] {
     h = capture_handover(*task->module(), *optimizer, state, world.world_size, task->train_set().size());
@@ -312,7 +313,7 @@ void Trainer::Parts::log_train(int64_t epoch) {
 }
 
 // The steps since the last line are read first: a diverged run stops here,
-// before its checkpoint.
+// before its checkpoint (and before an evaluation: run_eval).
 void Trainer::Parts::save() {
   log->settle();
   keeper->save(*reporter);
@@ -320,6 +321,7 @@ void Trainer::Parts::save() {
 
 void Trainer::Parts::run_eval() {
   if (last_eval_step == state.step) return;
+  log->settle();  // a diverged model is named here, never evaluated (nor kept as the best)
   last_eval_step = state.step;
   auto t0 = Clock::now();
   EvalReport r;
@@ -359,9 +361,9 @@ bool Trainer::Parts::early_stop() {
 }
 
 RunSummary Trainer::Parts::end() {
-  if (run_lock) run_lock->release();
   log->settle();
   summary.step_losses = log->step_losses();
+  if (run_lock) run_lock->release();
   summary.steps = state.step;
   summary.seconds = seconds_since(log->start());
   reporter->message(strf("cohort: done: %lld steps in %s%s%s", static_cast<long long>(state.step - log->start_step()),

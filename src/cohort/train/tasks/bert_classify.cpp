@@ -182,8 +182,10 @@ class BertClassifyTask : public Task {
     out.tally.add("loss", loss, n);
     out.tally.add("accuracy", predicted.eq(label).sum(), n);
     const int64_t k = labels().size();
-    // The cells stay on the device, one block (their names sort together).
-    auto cells = torch::bincount(label * k + predicted, {}, k * k);
+    // The cells stay on the device, one block (their names sort together);
+    // a scatter, not bincount, which reads the bounds back to size its output.
+    auto at = label * k + predicted;
+    auto cells = torch::zeros({k * k}, at.options()).scatter_add_(0, at, torch::ones_like(at));
     out.tally.add(cell_names(), cells, cells);
     return out;
   }
