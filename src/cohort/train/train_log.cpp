@@ -4,10 +4,9 @@
 #include <cmath>
 
 #include "cohort/core/error.hpp"
+#include "cohort/data/balance.hpp"
 #include "cohort/device/host_read.hpp"
 #include "cohort/obs/reporter.hpp"
-
-#include "cohort/data/balance.hpp"
 #include "cohort/train/optim.hpp"
 #include "cohort/train/task.hpp"
 #include "cohort/train/train_state.hpp"
