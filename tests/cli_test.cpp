@@ -66,6 +66,44 @@ TEST(Cli, UsageErrorsExitTwo) {
   EXPECT_FALSE(std::filesystem::exists(tmp / "r")) << "a refused run must not create its run dir";
 }
 
+// Issue 46: a key that has no effect in the run's configuration was
+// accepted (exit 0) and silently ignored. Each is one line, exit 2, that
+// names the key and what would make it count; nothing is created.
+TEST(Cli, KeysThatWouldBeIgnoredAreRefusedNamingWhy) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 16);
+  const std::string train = "train --model.name mlp --model.hidden 8 --data.path " + tmp.path() + " --out " + (tmp / "r");
+  expect_one_error_line(run_cohort(train + " --dist.shard-replicas 2"), 2, "dist.shard-replicas");
+  expect_one_error_line(run_cohort(train + " --dist.shard-weights 2,1"), 2, "dist.shard-weights");
+  expect_one_error_line(run_cohort(train + " --optim.outer-lr 0.5"), 2, "optim.outer-lr");
+  expect_one_error_line(run_cohort(train + " --optim.outer-momentum 0.9"), 2, "dist.sync = local");
+  expect_one_error_line(run_cohort(train + " --dist.local-steps 4"), 2, "dist.local-steps");
+  expect_one_error_line(run_cohort(train + " --task.masking dynamic"), 2, "applies to train.task bert-pretrain");
+  expect_one_error_line(run_cohort(train + " --data.max-seq-length 64"), 2, "applies to train.task bert-classify");
+  // Sharding that the world cannot hold: one range held by every rank
+  // would be no sharding at all.
+  expect_one_error_line(run_cohort(train + " --optim.name adamw --dist.shard optimizer --dist.shard-replicas 2"), 2,
+                        "dist.shard-replicas 2");
+  Result three = run_cohort(train + " --optim.name adamw --dist.shard optimizer --dist.shard-replicas 2 "
+                                    "--nproc-per-node 3 --oversubscribe");
+  expect_one_error_line(three, 2, "this one has 3 rank(s): use 2 or 4 ranks");
+  // One line from the launcher, not one per rank besides.
+  expect_one_error_line(run_cohort(train + " --optim.name adamw --dist.shard optimizer --dist.shard-weights 2,1,1 "
+                                           "--nproc-per-node 2 --oversubscribe"),
+                        2, "gives 3 weight(s)");
+  // A tracking address that cannot be one fails at start-up, as a bad
+  // --init-method does, not as a warning at the end.
+  expect_one_error_line(run_cohort(train + " --log.mlflow http://127.0.0.1:99999"), 2, "outside 1..65535");
+  expect_one_error_line(run_cohort(train + " --log.mlflow 'http://127.0.0.1:1 x'"), 2, "without spaces");
+  expect_one_error_line(run_cohort(train + " --log.mlflow http://:5000"), 2, "names no host");
+  expect_one_error_line(run_cohort(train + " --log.mlflow http://host:port"), 2, "not a number");
+  EXPECT_FALSE(std::filesystem::exists(tmp / "r")) << "a refused run must not create its run dir";
+  // The same keys where they count are accepted (their modes on).
+  Result ok = run_cohort(train + " --train.max-steps 2 --quiet --log.tensorboard=false --dist.sync local "
+                                 "--optim.outer-lr 0.5 --dist.local-steps 2");
+  EXPECT_EQ(ok.code, 0) << ok.err;
+}
+
 TEST(Cli, BadDataExitsOneNamingTheFile) {
   TempDir tmp;
   std::string base = "train --out " + (tmp / "r") + " --overwrite --data.path " + tmp.path();

@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
@@ -42,13 +43,23 @@ class Port {
     }
   }
   ~Port() {
+    for (int c : taken_) close(c);
     if (fd_ >= 0) close(fd_);
   }
   std::string uri() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  // Waits for a client's connection and the first bytes of its request
+  // (the events), and keeps the connection open, never answering.
+  void take_a_request() {
+    int conn = accept(fd_, nullptr, nullptr);
+    char buf[256];
+    if (conn >= 0 && recv(conn, buf, sizeof buf, 0) > 0) taken_.push_back(conn);
+  }
+  size_t requests_taken() const { return taken_.size(); }
 
  private:
   int fd_ = -1;
   int port_ = 0;
+  std::vector<int> taken_;
 };
 
 // A reporter's target: `uri`, experiment "x", RUN_DIR `dir`.
@@ -142,6 +153,35 @@ TEST(Mlflow, AHungServerNeverHoldsReportsUp) {
   std::string err = testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("timed out"), std::string::npos) << err;
   EXPECT_NE(err.find("; steps 1-200)"), std::string::npos) << err;
+  EXPECT_NE(err.find("the run's final status FINISHED"), std::string::npos) << err;
+}
+
+// Issue 46: a request in flight when the run ended held the process up for
+// its own timeout before the final flush's time even began (73 s and 80 s
+// after "done" against a promised 60). The flush's time now runs from the
+// end, and a request still in flight is cut when it is over.
+TEST(Mlflow, TheEndWaitsNoLongerThanTheFlushTimeWithARequestInFlight) {
+  TempDir tmp;
+  Port hung(true);
+  cohort::MlflowTarget t = target(hung.uri(), tmp.path());
+  t.request_timeout_s = 600;  // a request in flight would hold the end for 10 minutes
+  t.final_flush_s = 1;
+  testing::internal::CaptureStderr();
+  std::chrono::steady_clock::time_point end;
+  {
+    cohort::MlflowReporter r(t);
+    r.train(report(1));
+    hung.take_a_request();  // the reporter's first request is in flight
+    r.finish(true);
+    end = std::chrono::steady_clock::now();
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - end).count();
+  std::string err = testing::internal::GetCapturedStderr();
+  // A bound, not a wait: 1 s of flush, the progress check's second, and
+  // a loaded machine's slack; far below the request's 600 s.
+  ASSERT_EQ(hung.requests_taken(), 1u);
+  EXPECT_LT(waited, 60.0) << err;
+  EXPECT_NE(err.find("cut at the end of the time to send it"), std::string::npos) << err;
   EXPECT_NE(err.find("the run's final status FINISHED"), std::string::npos) << err;
 }
 

@@ -5,7 +5,9 @@
 #include <nlohmann/json.hpp>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -14,6 +16,9 @@
 #include <thread>
 
 #include "cohort/ckpt/checkpoint.hpp"
+#include "cohort/core/error.hpp"
+#include "cohort/core/sha256.hpp"
+#include "cohort/train/run_dir.hpp"
 #include "helpers.hpp"
 
 using namespace std::chrono_literals;
@@ -235,4 +240,154 @@ TEST(RunDirLock, RefusingAnExistingRunExitsTwoOnEveryRank) {
     EXPECT_NE(r.err.find("already holds a run"), std::string::npos) << r.err;
   }
   EXPECT_FALSE(fs::exists(tmp / "run/.lock")) << "a refused job leaves no lock";
+}
+
+// Issue 46: a resume of a live run that rotates its checkpoints (keep 1,
+// one every other step) lost the race with the rotation: "step-N/
+// model.safetensors: cannot open", exit 1. A process that begins a job
+// refuses a live holder before it reads any checkpoint: exit 2, every time.
+// A reader (eval) holds the checkpoint it verified, so the rotation cannot
+// take its files away: it evaluates, every time.
+TEST(RunDirLock, ALiveRotatingRunIsRefusedToAResumeAndReadByAnEval) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 40);
+  const std::string run = tmp / "run";
+  Background job("env COHORT_DEBUG_DELAY=0:20 " + std::string(COHORT_BIN) + " train" + kTiny +
+                     "--quiet --train.max-steps 1000000 --ckpt.every-steps 2 --ckpt.keep 1 --data.path " + tmp.path() +
+                     " --out " + run,
+                 tmp, "rotating");
+  ASSERT_TRUE(wait_until([&] { return holds_lock_and_checkpoint(run); })) << job.err();
+  const std::string job_id = lock_of(run)["job"].get<std::string>();
+  for (int i = 0; i < 5; ++i) {
+    auto resumed = run_cohort("train --resume " + run + " --train.max-steps 1000");
+    EXPECT_EQ(resumed.code, 2) << resumed.err;
+    EXPECT_NE(resumed.err.find(run + " is in use by job " + job_id), std::string::npos) << resumed.err;
+    auto lines = cohort::test::lines_of(resumed.err);
+    EXPECT_EQ(lines.size(), 1u) << resumed.err;
+  }
+  for (int i = 0; i < 3; ++i) {
+    auto eval = run_cohort("eval " + run + " --max-samples 8");
+    EXPECT_EQ(eval.code, 0) << eval.err;
+  }
+  EXPECT_EQ(job.wait(100ms), -1) << "the live job died: " << job.err();
+  kill(job.pid(), SIGTERM);
+  EXPECT_EQ(job.wait(300s), 128 + SIGTERM) << job.err();
+}
+
+// Issue 46: the job's own lock was rewritten in place through
+// write_file_durably, which truncates and removes the file when a write
+// fails. Now a failed rewrite keeps the lock as it was. Writes past 64
+// bytes fail here (RLIMIT_FSIZE: EFBIG), as they would on a failing disk.
+TEST(RunDirLock, AFailedRewriteOfTheJobsOwnLockKeepsIt) {
+  TempDir tmp;
+  const std::string run = tmp / "run";
+  std::vector<std::string> notes;
+  auto held = cohort::RunDir(run).lock("job-a", 60, cohort::RunMode::kFresh, notes);
+  const std::string before = read_file(run + "/.lock");
+  struct rlimit old {};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto previous = signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 64;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  std::string error;
+  try {
+    cohort::RunDir(run).lock("job-a", 60, cohort::RunMode::kResume, notes);  // a restart of the same job
+  } catch (const cohort::Error& e) {
+    error = e.what();
+  }
+  setrlimit(RLIMIT_FSIZE, &old);
+  signal(SIGXFSZ, previous);
+  EXPECT_NE(error.find("cannot rewrite this job's lock"), std::string::npos) << error;
+  ASSERT_TRUE(fs::exists(run + "/.lock"));
+  EXPECT_EQ(read_file(run + "/.lock"), before);
+  held->release();
+}
+
+namespace {
+
+// A process that takes `run`'s lock for `job` and dies holding it.
+void die_holding(const std::string& run, const std::string& job) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<std::string> notes;
+    try {
+      auto held = cohort::RunDir(run).lock(job, 60, cohort::RunMode::kFresh, notes);
+      (void)held.release();  // leaked, never released: this process dies holding the lock
+    } catch (...) {
+      _exit(1);
+    }
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+}  // namespace
+
+// Issue 46: two jobs that both found a stale takeover file could each
+// remove it, the second removing the first's fresh one, and both take over.
+// Here a dead job's lock and the claim of a job that died taking it over
+// wait for three jobs started at once: exactly one takes the lock, the
+// others are refused as in use, and no claim is left behind.
+TEST(RunDirLock, OfThreeJobsThatFindADeadLockExactlyOneTakesItOver) {
+  TempDir tmp;
+  const std::string run = tmp / "run";
+  die_holding(run, "dead-job");
+  // The dead claimant: a claim on this very lock, held by a dead process.
+  const std::string lock_text = read_file(run + "/.lock");
+  const std::string claim = run + "/.lock.takeover-" + cohort::sha256_hex(lock_text).substr(0, 16);
+  {
+    const std::string other = tmp / "other";
+    die_holding(other, "dead-claimant");
+    fs::copy_file(other + "/.lock", claim);
+  }
+  int go[2], results[2], hold[2];
+  ASSERT_EQ(pipe(go), 0);
+  ASSERT_EQ(pipe(results), 0);
+  ASSERT_EQ(pipe(hold), 0);
+  std::vector<pid_t> contenders;
+  for (int i = 0; i < 3; ++i) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      close(go[1]);
+      close(results[0]);
+      close(hold[1]);
+      char c;
+      if (read(go[0], &c, 1) < 0) _exit(3);  // all start when the parent closes it
+      char outcome = 'E';
+      std::unique_ptr<cohort::RunDirLock> held;
+      try {
+        std::vector<std::string> notes;
+        held = cohort::RunDir(run).lock("contender-" + std::to_string(i), 60, cohort::RunMode::kResume, notes);
+        outcome = 'H';
+      } catch (const cohort::UsageError&) {
+        outcome = 'R';
+      } catch (...) {
+      }
+      if (write(results[1], &outcome, 1) != 1) _exit(3);
+      if (held && read(hold[0], &c, 1) < 0) _exit(3);  // holds it while the others look
+      _exit(0);
+    }
+    contenders.push_back(pid);
+  }
+  close(go[0]);
+  close(results[1]);
+  close(hold[0]);
+  close(go[1]);
+  std::string outcomes;
+  char c;
+  while (outcomes.size() < 3 && read(results[0], &c, 1) == 1) outcomes += c;
+  close(hold[1]);
+  for (pid_t pid : contenders) waitpid(pid, nullptr, 0);
+  close(results[0]);
+  std::sort(outcomes.begin(), outcomes.end());
+  EXPECT_EQ(outcomes, "HRR") << "H: took the lock, R: refused as in use, E: another error";
+  auto lock = lock_of(run);
+  ASSERT_TRUE(lock.is_object());
+  EXPECT_EQ(lock["job"].get<std::string>().rfind("contender-", 0), 0u) << lock.dump();
+  for (const auto& e : fs::directory_iterator(run)) {
+    EXPECT_NE(e.path().filename().string().rfind(".lock.takeover", 0), 0u) << e.path();
+  }
 }

@@ -15,6 +15,10 @@ store), read back with MLflow's own MlflowClient.
    until the server has every value so far): training finishes, and the
    warning names exactly what was not sent: started again on the same
    store, the server holds every value of metrics.jsonl except those.
+5. The server hangs mid-run (SIGSTOP): the job exits within the promised
+   60 s of its last step, naming what was never sent and what was sent but
+   not answered; woken (SIGCONT), the server finishes the run (its status
+   was sent first) and holds every value but those never sent.
 """
 import json
 import os
@@ -240,5 +244,70 @@ check(held == sent_before, "the store holds %d values; %d were sent before the k
 check(all(same(sorted(v for v in want[k] if v[0] <= 10), got[k]) for k in want), "the store's values differ")
 check(client.get_run(rid).info.status == "RUNNING", "the status changed without a server")
 print("   restarted on the same store: %d values held + %d named lost = %d in metrics.jsonl" % (held, lost, total))
+server.kill()
+
+# --- 5. the server hangs mid-run (SIGSTOP) ----------------------------------------
+# The end waits at most its promised 60 s for the hung server (a request in
+# flight included), sends the run's status first, and tells apart what was
+# never sent (the server must not have it) from what was sent but not
+# answered (it may): after SIGCONT the store holds every value in between.
+server = Server("server-hung")
+client = MlflowClient(server.uri)
+with open(gate, "w") as f:
+    f.write("10")
+hung = os.path.join(HOME, "hung")
+img_hung = [a if a != killed else hung for a in img]
+job = subprocess.Popen([COHORT, "train"] + img_hung + ["--log.mlflow", server.uri, "--log.mlflow-experiment",
+                                                       "cohort-oracle", "--log.mlflow-run-name", "hung"],
+                       env=dict(os.environ, COHORT_DEBUG_GATE=gate), stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+deadline = time.time() + 600
+while True:
+    if job.poll() is not None:
+        fail("the job ended early: %s" % (job.communicate(),))
+    if os.path.exists(os.path.join(hung, "mlflow.json")) and os.path.exists(os.path.join(hung, "metrics.jsonl")):
+        rid = json.load(open(os.path.join(hung, "mlflow.json")))["run_id"]
+        want = expected(hung)
+        if any(s == 10 for s, _ in want.get("test/loss", [])):
+            got = history(client, rid, want)
+            if all(same(sorted(want[k]), got[k]) for k in want):
+                break
+    check(time.time() < deadline, "the server never had steps 1-10")
+    time.sleep(0.2)
+os.killpg(server.proc.pid, signal.SIGSTOP)
+with open(gate, "w") as f:
+    f.write("1000")
+# The event "done": the last step's line is in metrics.jsonl.
+while not any(s == 30 for s, _ in expected(hung).get("train/loss", [])):
+    check(job.poll() is None or job.returncode == 0, "the job failed with the server hung")
+    time.sleep(0.1)
+done = time.time()
+stdout, stderr = job.communicate(timeout=600)
+ended = time.time() - done
+check(job.returncode == 0, "training did not finish with the server hung (exit %d):\n%s" % (job.returncode, stderr))
+print("5. server hung at step 10; the job exited %.1f s after its last step. Its warnings:\n   " % ended +
+      "\n   ".join(stderr.strip().split("\n")))
+# 60 s of flush; the plot and artifacts before it, and a loaded machine, get 15 s.
+check(ended <= 75, "the job exited %.1f s after its last step; the promise is 60 s" % ended)
+total = sum(len(v) for v in expected(hung).values())
+not_sent = re.search(r"not sent to \S+: (\d+) metric value", stderr)
+unanswered = re.search(r"but not answered \(the server may have stored them\): (\d+) metric value", stderr)
+check(unanswered is not None, "the account does not name what was sent but not answered:\n" + stderr)
+not_sent = int(not_sent.group(1)) if not_sent else 0
+unanswered = int(unanswered.group(1))
+os.killpg(server.proc.pid, signal.SIGCONT)
+# The event: the woken server worked through its backlog, the status last
+# sent among them.
+deadline = time.time() + 300
+while client.get_run(rid).info.status != "FINISHED":
+    check(time.time() < deadline, "the run is %s after the server woke" % client.get_run(rid).info.status)
+    time.sleep(0.5)
+got = history(client, rid, expected(hung))
+held = sum(len(set(v)) for v in got.values())
+check(total - not_sent - unanswered <= held <= total - not_sent,
+      "the store holds %d values: %d in metrics.jsonl, %d named not sent, %d sent but not answered" %
+      (held, total, not_sent, unanswered))
+print("   woken: the run is FINISHED; %d values held of %d (%d not sent, %d unanswered)" %
+      (held, total, not_sent, unanswered))
 server.kill()
 print("oracle.mlflow_tracking: passed")

@@ -63,6 +63,9 @@ std::optional<int> DistFlags::launch_ranks(const CLI::App& sub, const Env& env, 
   launch.local_units = gpus ? "GPUs" : "cores";
   validate(launch);  // one process too: a bad --init-method or --node-rank is refused, not ignored
   if (env.count("COHORT_RANK") || !wants_launcher(launch)) return std::nullopt;
+  // A world this node alone makes is known now: what does not fit it is one
+  // line from the launcher, before any rank starts.
+  if (launch.nnodes == 1 && launch.min_nodes == 0 && launch.world_size <= 0) validate_world(cfg, launch.nproc_per_node);
   launch.timeout_s = cfg.dist.timeout;
   return launch_node(launch, std::vector<std::string>(argv, argv + argc));
 }

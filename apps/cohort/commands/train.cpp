@@ -123,6 +123,8 @@ class Train : public Command {
     Env env = process_env();
     request_.generation = env.count("COHORT_GENERATION") ? std::stoi(env["COHORT_GENERATION"]) : 0;
     request_.job_id = RunDirLock::job_id_from(env);
+    request_.starts_job = request_.job_id.empty() && !env.count("COHORT_RANK") && dist_.launch.nnodes == 1 &&
+                          dist_.launch.min_nodes == 0 && !detect_rank_spec(env, dist_.launch.init_method);
     RunOptions run = plan_training(request_, *binding_, cfg_);
     run.quiet = quiet_;
     // mpirun hands every rank a terminal, and its log then fills with the

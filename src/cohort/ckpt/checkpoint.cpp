@@ -182,9 +182,46 @@ Checkpoints::Best Checkpoints::best(const std::string& run_dir) {
   return b;
 }
 
-CheckpointState Checkpoints::verify(const std::string& dir) {
+HeldFiles::~HeldFiles() {
+  for (const auto& [name, fd] : fds_) ::close(fd);
+}
+
+bool HeldFiles::open(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (!e.is_regular_file(ec)) continue;
+    int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) break;  // removed meanwhile
+    fds_[e.path().filename().string()] = fd;
+  }
+  if (!ec && fds_.count("state.json") && fs::exists(fs::path(dir) / "state.json", ec)) return true;
+  for (const auto& [name, fd] : fds_) ::close(fd);
+  fds_.clear();
+  return false;
+}
+
+std::string HeldFiles::path(const std::string& name) const {
+  auto it = fds_.find(name);
+  return it == fds_.end() ? std::string() : "/proc/self/fd/" + std::to_string(it->second);
+}
+
+std::string ResolvedCheckpoint::file(const std::string& name) const {
+  std::string p = held ? held->path(name) : std::string();
+  return p.empty() ? (fs::path(dir) / name).string() : p;
+}
+
+CheckpointState Checkpoints::verify(const std::string& dir, const HeldFiles* held) {
   fs::path d(dir);
-  std::string text = read_file((d / "state.json").string());
+  auto read = [&](const std::string& name) {
+    std::string p = held ? held->path(name) : std::string();
+    if (p.empty()) return read_file((d / name).string());
+    try {
+      return read_file(p);
+    } catch (const DataError&) {
+      throw DataError(detail::cat((d / name).string(), ": cannot read"));
+    }
+  };
+  std::string text = read("state.json");
   nlohmann::json m;
   try {
     m = nlohmann::json::parse(text);
@@ -215,7 +252,7 @@ CheckpointState Checkpoints::verify(const std::string& dir) {
       COHORT_CHECK(m.at("sha256").contains(f), DataError, (d / "state.json").string(), ": no checksum for ", f);
     }
     for (const auto& [f, sum] : m.at("sha256").items()) {
-      COHORT_CHECK(f.find('/') == std::string::npos && sha256_hex(read_file((d / f).string())) == sum.get<std::string>(),
+      COHORT_CHECK(f.find('/') == std::string::npos && sha256_hex(read(f)) == sum.get<std::string>(),
                    DataError, (d / f).string(), ": checksum mismatch (corrupt or partly written)");
     }
     CheckpointState s;
@@ -247,29 +284,60 @@ CheckpointState Checkpoints::verify(const std::string& dir) {
 
 ResolvedCheckpoint Checkpoints::resolve(const std::string& path, std::vector<std::string>* warnings) {
   fs::path p(path);
-  if (fs::exists(p / "state.json")) return {p.string(), verify(p.string())};
+  // Held before it is verified, so that what was verified is what is read.
+  auto hold = [](const fs::path& dir) -> std::shared_ptr<HeldFiles> {
+    auto held = std::make_shared<HeldFiles>();
+    return held->open(dir.string()) ? held : nullptr;
+  };
+  if (fs::exists(p / "state.json")) {
+    auto held = hold(p);
+    COHORT_CHECK(held, DataError, path, ": removed while it was read (the job writing this run keeps only its "
+                 "newest ckpt.keep checkpoints): name the run directory to take its newest");
+    CheckpointState state = verify(p.string(), held.get());
+    return {p.string(), state, held};
+  }
   fs::path root = fs::exists(p / "checkpoints") ? p / "checkpoints" : p;
   COHORT_CHECK(fs::is_directory(root), DataError, path, ": no checkpoints here (expected RUN_DIR/checkpoints/)");
-  std::vector<std::pair<int64_t, fs::path>> all;
-  for (const auto& e : fs::directory_iterator(root)) {
-    int64_t s = step_of(e.path().filename().string());
-    if (s >= 0 && e.is_directory()) all.emplace_back(s, e.path());
-  }
-  std::sort(all.rbegin(), all.rend());
-  COHORT_CHECK(!all.empty(), DataError, path, ": no checkpoints here (expected step-N directories in ",
-               root.string(), ")");
-  // The newest checkpoint that verifies: `latest` may lag a completed rename
-  // after a crash, and a resume from an older step moves newer ones aside.
-  std::string why;  // each one's reason, when none verifies
-  for (const auto& [step, dir] : all) {
-    try {
-      return {dir.string(), verify(dir.string())};
-    } catch (const DataError& e) {
-      if (warnings) warnings->push_back(detail::cat("skipping checkpoint ", dir.string(), ": ", e.what()));
-      why += detail::cat(why.empty() ? "" : "; ", dir.filename().string(), ": ", detail::first_line(e.what()));
+  // A live job may remove checkpoints while they are looked at: then the
+  // newest is looked for again.
+  constexpr int kLooks = 20;
+  for (int look = 0; look < kLooks; ++look) {
+    std::vector<std::pair<int64_t, fs::path>> all;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(root, ec)) {
+      int64_t s = step_of(e.path().filename().string());
+      if (s >= 0 && e.is_directory(ec)) all.emplace_back(s, e.path());
+    }
+    std::sort(all.rbegin(), all.rend());
+    COHORT_CHECK(!all.empty(), DataError, path, ": no checkpoints here (expected step-N directories in ",
+                 root.string(), ")");
+    // The newest checkpoint that verifies: `latest` may lag a completed rename
+    // after a crash, and a resume from an older step moves newer ones aside.
+    std::string why;  // each one's reason, when none verifies
+    std::vector<std::string> skipped;
+    bool moved_on = false;
+    for (const auto& [step, dir] : all) {
+      auto held = hold(dir);
+      if (!held) {
+        moved_on = true;  // removed under us
+        break;
+      }
+      try {
+        CheckpointState state = verify(dir.string(), held.get());
+        if (warnings) warnings->insert(warnings->end(), skipped.begin(), skipped.end());
+        return {dir.string(), state, held};
+      } catch (const DataError& e) {
+        skipped.push_back(detail::cat("skipping checkpoint ", dir.string(), ": ", e.what()));
+        why += detail::cat(why.empty() ? "" : "; ", dir.filename().string(), ": ", detail::first_line(e.what()));
+      }
+    }
+    if (!moved_on) {
+      if (warnings) warnings->insert(warnings->end(), skipped.begin(), skipped.end());
+      throw DataError(detail::cat(path, ": no complete checkpoint; every one was rejected (", why, ")"));
     }
   }
-  throw DataError(detail::cat(path, ": no complete checkpoint; every one was rejected (", why, ")"));
+  throw DataError(detail::cat(path, ": its checkpoints were removed ", kLooks, " times while being read (a live "
+                              "job's ckpt.keep rotation); try again, or raise that job's ckpt.keep"));
 }
 
 namespace {

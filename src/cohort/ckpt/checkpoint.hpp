@@ -24,6 +24,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -58,10 +60,34 @@ struct CheckpointState {
   ShardRecord shard;
 };
 
+// A checkpoint's files, held open from before they were verified: the job
+// that writes the run may remove the directory (its ckpt.keep rotation)
+// while a reader (eval, predict, export, model.init, a resume) still reads
+// it, and an open file stays readable until it is closed.
+class HeldFiles {
+ public:
+  HeldFiles() = default;
+  HeldFiles(const HeldFiles&) = delete;
+  HeldFiles& operator=(const HeldFiles&) = delete;
+  ~HeldFiles();
+  // Opens every file of `dir`; false (nothing held) when one is gone.
+  bool open(const std::string& dir);
+  // "/proc/self/fd/N" for a held file; "" when `name` is not held.
+  std::string path(const std::string& name) const;
+
+ private:
+  std::map<std::string, int> fds_;
+};
+
 // A checkpoint directory whose checksums were verified, and what it holds.
 struct ResolvedCheckpoint {
   std::string dir;
   CheckpointState state;
+  std::shared_ptr<const HeldFiles> held;  // null: read by name
+
+  // Where to read the checkpoint's file `name`: the verified file itself,
+  // even after the directory is gone.
+  std::string file(const std::string& name) const;
 };
 
 class Checkpoints {
@@ -103,8 +129,9 @@ class Checkpoints {
   // as broken. Throws DataError when there is none.
   static ResolvedCheckpoint resolve(const std::string& path, std::vector<std::string>* warnings);
 
-  // Verifies every checksum of `dir`; throws DataError naming the file.
-  static CheckpointState verify(const std::string& dir);
+  // Verifies every checksum of `dir` (its files read from `held`, when
+  // given); throws DataError naming the file.
+  static CheckpointState verify(const std::string& dir, const HeldFiles* held = nullptr);
 
   static std::string dir_name(int64_t step);
   // The step of a "step-N" directory name, or -1 for any other name.

@@ -171,21 +171,22 @@ void register_exporter(const std::string& task, Exporter exporter) { exporters()
 ExportResult export_model(const std::string& path, const std::string& requested_out) {
   std::vector<std::string> warnings;
   ExportSource source;
-  source.checkpoint_dir = Checkpoints::resolve(path, &warnings).dir;  // verified
+  const ResolvedCheckpoint resolved = Checkpoints::resolve(path, &warnings);  // verified, and held
+  source.checkpoint_dir = resolved.dir;
   // The run's own files (tokenizer/, labels.json) only for a checkpoint
   // still in its run: one copied out of it has no run beside it.
   fs::path ckpt = fs::path(source.checkpoint_dir).lexically_normal();
   if (!ckpt.has_filename()) ckpt = ckpt.parent_path();  // a trailing '/'
   const bool in_run = ckpt.parent_path().filename() == "checkpoints";
   source.run_dir = in_run ? Checkpoints::run_dir_of(source.checkpoint_dir) : "";
-  source.cfg = load_config((fs::path(source.checkpoint_dir) / "config.toml").string());
+  source.cfg = load_config(resolved.file("config.toml"));
   const auto known = exporters().names();
   COHORT_CHECK(std::find(known.begin(), known.end(), source.cfg.train.task) != known.end(), ConfigError,
                "cohort export knows the tasks ", detail::join(known), ", not '", source.cfg.train.task,
                "': the program that registers that task registers its exporter too (register_exporter, "
                "cohort/ckpt/export.hpp); until then ", source.checkpoint_dir,
                "/model.safetensors holds its weights by their module names");
-  source.weights = load_safetensors((fs::path(source.checkpoint_dir) / "model.safetensors").string());
+  source.weights = load_safetensors(resolved.file("model.safetensors"));
 
   ExportResult result;
   result.dir = !requested_out.empty() ? requested_out

@@ -343,6 +343,11 @@ void declare_task_keys(const std::vector<TaskKey>& keys) {
 
 const std::vector<TaskKey>& declared_task_keys() { return task_keys(); }
 
+std::vector<TaskKey> keys_of_task(const std::string& task, std::vector<TaskKey> keys) {
+  for (auto& k : keys) k.task = task;
+  return keys;
+}
+
 namespace {
 
 // Every key with its scope, from a binding of its own (members destroyed in
@@ -763,6 +768,40 @@ std::string shown(const TaskValue& v) {
   return std::to_string(std::get<int64_t>(v));
 }
 
+// What is wrong with a tracking server's address ("" when nothing): the
+// scheme, a host, a port in range, no spaces; a path may follow.
+std::string url_problem(const std::string& url) {
+  const std::string scheme = url.rfind("http://", 0) == 0 ? "http://" : url.rfind("https://", 0) == 0 ? "https://" : "";
+  if (scheme.empty()) return "must be a tracking server's http:// or https:// address";
+  for (unsigned char ch : url) {
+    if (ch <= ' ' || ch == 0x7f) return "must be an address without spaces or control characters";
+  }
+  std::string authority = url.substr(scheme.size());
+  authority = authority.substr(0, authority.find_first_of("/?#"));
+  if (auto at = authority.rfind('@'); at != std::string::npos) authority = authority.substr(at + 1);
+  std::string host = authority, port;
+  if (!authority.empty() && authority.front() == '[') {  // [::1]:5000
+    auto close = authority.find(']');
+    if (close == std::string::npos) return "has an unclosed [ in its host: http://[::1]:5000";
+    host = authority.substr(0, close + 1);
+    std::string rest = authority.substr(close + 1);
+    if (!rest.empty() && rest.front() != ':') return "has text after its host's ]";
+    if (!rest.empty()) port = rest.substr(1);
+    if (rest == ":") return "has an empty port";
+  } else if (auto colon = authority.rfind(':'); colon != std::string::npos) {
+    host = authority.substr(0, colon);
+    port = authority.substr(colon + 1);
+    if (port.empty()) return "has an empty port";
+  }
+  if (host.empty() || host == "[]") return "names no host: http://HOST:PORT";
+  if (!port.empty()) {
+    if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) return "has a port that is not a number: http://HOST:PORT";
+    int n = std::stoi(port);
+    if (n < 1 || n > 65535) return detail::cat("has port ", n, ", outside 1..65535");
+  }
+  return "";
+}
+
 // Upper bounds of train.threads and data.workers (see docs/configuration.md's table).
 constexpr int kMaxThreads = 1024;
 constexpr int kMaxWorkers = 256;
@@ -804,8 +843,10 @@ void validate(const Config& c) {
   require(c.data.balance_every >= 1, "data.balance-every", c.data.balance_every, "must be >= 1");
   require(c.data.max_micro_batch >= 0, "data.max-micro-batch", c.data.max_micro_batch, "must be >= 0");
 
-  require(c.log.mlflow.empty() || c.log.mlflow.rfind("http://", 0) == 0 || c.log.mlflow.rfind("https://", 0) == 0,
-          "log.mlflow", c.log.mlflow, "must be a tracking server's http:// or https:// address");
+  if (!c.log.mlflow.empty()) {
+    std::string why = url_problem(c.log.mlflow);
+    COHORT_CHECK(why.empty(), ConfigError, "log.mlflow ", why, " (got ", c.log.mlflow, ")");
+  }
   require(!c.log.mlflow_experiment.empty(), "log.mlflow-experiment", "''", "must name an experiment");
 
   require(std::isfinite(c.optim.lr) && c.optim.lr > 0, "optim.lr", c.optim.lr, "must be finite and > 0");
@@ -841,6 +882,28 @@ void validate(const Config& c) {
   require(c.dist.powersgd_rank >= 1 && c.dist.powersgd_rank <= 1024, "dist.powersgd-rank", c.dist.powersgd_rank,
           "must be in [1, 1024]");
   require(c.dist.local_steps >= 1, "dist.local-steps", c.dist.local_steps, "must be >= 1");
+  // Keys of a mode that is off would be silently ignored: refused, as a
+  // value other than the default, naming the key that turns the mode on.
+  const DistOptions dist_defaults;
+  const OptimOptions optim_defaults;
+  if (c.dist.shard == ShardMode::kNone) {
+    require(c.dist.shard_replicas == dist_defaults.shard_replicas, "dist.shard-replicas", c.dist.shard_replicas,
+            "applies to a sharded run; dist.shard = none keeps the whole state on every rank: set dist.shard, or drop "
+            "the key");
+    require(c.dist.shard_weights == dist_defaults.shard_weights, "dist.shard-weights", c.dist.shard_weights,
+            "applies to a sharded run; dist.shard = none keeps the whole state on every rank: set dist.shard, or drop "
+            "the key");
+  }
+  if (c.dist.sync == SyncMode::kStep) {
+    require(c.optim.outer_lr == optim_defaults.outer_lr, "optim.outer-lr", c.optim.outer_lr,
+            "applies to dist.sync = local (the outer step); dist.sync = step has none: set dist.sync local, or drop "
+            "the key");
+    require(c.optim.outer_momentum == optim_defaults.outer_momentum, "optim.outer-momentum", c.optim.outer_momentum,
+            "applies to dist.sync = local (the outer step); dist.sync = step has none: set dist.sync local, or drop "
+            "the key");
+    require(c.dist.local_steps == dist_defaults.local_steps, "dist.local-steps", c.dist.local_steps,
+            "applies to dist.sync = local; dist.sync = step syncs every step: set dist.sync local, or drop the key");
+  }
   require(c.dist.sync == SyncMode::kStep || c.dist.grad_compression != Compression::kPowerSgd,
           "dist.grad-compression", "powersgd", "compresses the gradient all-reduce, which dist.sync = local does "
           "not have: use none or bf16 for the parameter change");
@@ -875,12 +938,32 @@ void validate(const Config& c) {
   require(c.model.attention_dropout >= 0 && c.model.attention_dropout < 1, "model.attention-dropout",
           c.model.attention_dropout, "must be in [0, 1)");
   for (const auto& k : declared_task_keys()) {
-    if (!k.problem) continue;
     auto it = c.task.find(k.name);
     const TaskValue& value = it != c.task.end() ? it->second : k.value;
+    // Another task's key, away from its default, would be ignored.
+    COHORT_CHECK(k.task.empty() || k.task == c.train.task || value == k.value, ConfigError, k.name, " applies to "
+                 "train.task ", k.task, "; this run's task is ", c.train.task, ", which does not read it (got ",
+                 shown(value), "): drop the key");
+    if (!k.problem) continue;
     std::string why = k.problem(value);
     COHORT_CHECK(why.empty(), ConfigError, k.name, " ", why, " (got ", shown(value), ")");
   }
+}
+
+void validate_world(const Config& c, int world_size) {
+  std::vector<double> weights = shard_weights(c.dist);
+  COHORT_CHECK(weights.empty() || static_cast<int>(weights.size()) == world_size, ConfigError,
+               "dist.shard-weights gives ", weights.size(), " weight(s) ('", c.dist.shard_weights, "') but the world has ",
+               world_size, " rank(s): give one per rank, or auto (on a resume at another world size, give new weights "
+               "or auto)");
+  if (c.dist.shard == ShardMode::kNone || c.dist.shard_replicas == 1) return;
+  const int replicas = static_cast<int>(c.dist.shard_replicas);
+  if (world_size % replicas == 0) return;
+  const int below = world_size / replicas * replicas, above = below + replicas;
+  throw ConfigError(detail::cat("dist.shard-replicas ", replicas, " holds each range on ", replicas, " ranks, so the "
+                                "world must be a multiple of ", replicas, "; this one has ", world_size, " rank(s): use ",
+                                below > 0 ? detail::cat(below, " or ") : std::string(), above,
+                                " ranks, or dist.shard-replicas 1"));
 }
 
 std::vector<double> shard_weights(const DistOptions& dist) {

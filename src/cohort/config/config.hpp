@@ -158,6 +158,10 @@ struct Config {
 // Checks every range and cross-key constraint. Throws ConfigError naming the
 // key and the rejected value.
 void validate(const Config& cfg);
+// What needs the world's size as well (once it is known: by the launcher
+// before it starts ranks, by each rank of a fixed world): one shard weight
+// per rank, a world that the shard replicas divide. ConfigError naming the key.
+void validate_world(const Config& cfg, int world_size);
 
 // Where a key's value must agree. kShared: the same on every rank (checked
 // at start-up), free to change on resume. kPerNode: may differ between
@@ -182,11 +186,17 @@ struct TaskKey {
   // What validate() finds wrong with a value ("must be >= 4"); "" when
   // nothing. Null: any value of the type.
   std::function<std::string(const TaskValue&)> problem = nullptr;
+  // The train.task that reads it ("" = any): another task's run refuses a
+  // value other than the default (it would be ignored). register_task
+  // fills it with the task's name.
+  std::string task = "";
 };
 
 // Declares keys (before a ConfigBinding is made: at start-up, or in main
 // before cli_main). UsageError when a name is declared twice.
 void declare_task_keys(const std::vector<TaskKey>& keys);
+// `keys`, each read by train.task `task` alone (TaskKey::task).
+std::vector<TaskKey> keys_of_task(const std::string& task, std::vector<TaskKey> keys);
 const std::vector<TaskKey>& declared_task_keys();
 
 template <class T>

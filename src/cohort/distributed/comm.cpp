@@ -205,7 +205,14 @@ c10::intrusive_ptr<c10d::Backend> nccl_group(const c10::intrusive_ptr<c10d::Stor
   auto no = c10d::ProcessGroupNCCL::Options::create();
   no->timeout = opts.timeout + std::chrono::milliseconds(30000);
 #ifdef NCCL_HAS_COMM_NONBLOCKING
-  if (elastic_device) no->config.blocking = 0;
+  if (elastic_device) {
+    no->config.blocking = 0;
+    // What bounds a non-blocking set-up or abort: PyTorch reads it once per
+    // process (30 minutes when unset). The job's own timeout, unless the
+    // user set one.
+    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(opts.timeout).count();
+    setenv("TORCH_NCCL_NONBLOCKING_TIMEOUT", std::to_string(std::max<int64_t>(1, seconds)).c_str(), /*overwrite=*/0);
+  }
 #endif
   auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("nccl", store), rank,
                                                         size, no);

@@ -41,7 +41,7 @@ torch::Tensor LocalSync::flat_params() const {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> parts;
   for (const auto& p : params_) parts.push_back(p.detach().reshape({-1}).to(torch::kFloat32));
-  return parts.empty() ? torch::zeros({0}) : torch::cat(parts);
+  return parts.empty() ? torch::zeros({0}) : torch::cat(parts);  // on the parameters' device
 }
 
 void LocalSync::set_params(const torch::Tensor& flat) {
@@ -100,7 +100,7 @@ void LocalSync::restart(const torch::Tensor& momentum) {
   if (momentum.defined()) {
     COHORT_CHECK(momentum.numel() == anchor_.numel(), Error, "local sync: the handed-over outer momentum holds ",
                  momentum.numel(), " values, the model ", anchor_.numel());
-    momentum_.copy_(momentum.reshape({-1}));
+    momentum_.copy_(momentum.reshape({-1}));  // copy_ crosses devices
   }
   window_samples_ = 0;
   stash_ = torch::Tensor();
@@ -116,29 +116,36 @@ NamedTensors LocalSync::own_state() const {
 std::string LocalSync::load_state(const NamedTensors& shared, const std::vector<NamedTensors>& by_rank, int rank) {
   torch::NoGradGuard no_grad;
   anchor_ = flat_params();
-  auto check = [&](const torch::Tensor& t, const std::string& name, int64_t numel) {
+  // A checkpoint's tensors are read on the CPU: the state moves to the
+  // parameters' device; the sample counts stay host numbers.
+  auto check = [&](const torch::Tensor& t, const std::string& name, int64_t numel,
+                   const torch::TensorOptions& to) {
     COHORT_CHECK(t.defined(), DataError, "local sync: the checkpoint lacks ", name,
                  " (was it written with dist.sync = step?)");
     COHORT_CHECK(t.numel() == numel, DataError, "local sync: the checkpoint's ", name, " holds ", t.numel(),
                  " values, the model ", numel);
-    return t.to(torch::kFloat32).reshape({-1});
+    return t.to(to).reshape({-1});
   };
-  momentum_ = check(find(shared, kMomentum), kMomentum, anchor_.numel()).clone();
+  const auto on_device = anchor_.options();
+  auto samples = [&](const NamedTensors& r) {
+    return check(find(r, kSamples), kSamples, 1, torch::TensorOptions(torch::kFloat64)).item<double>();
+  };
+  momentum_ = check(find(shared, kMomentum), kMomentum, anchor_.numel(), on_device).clone();
   if (static_cast<int>(by_rank.size()) == comm_.size()) {
     const auto& mine = by_rank.at(static_cast<size_t>(rank));
-    set_params(check(find(mine, kParams), kParams, anchor_.numel()));
-    window_samples_ = check(find(mine, kSamples), kSamples, 1).item<double>();
+    set_params(check(find(mine, kParams), kParams, anchor_.numel(), on_device));
+    window_samples_ = samples(mine);
     return "";
   }
   // Another world size: merge the open window as a sync would have.
   double total = 0;
-  for (const auto& r : by_rank) total += check(find(r, kSamples), kSamples, 1).item<double>();
+  for (const auto& r : by_rank) total += samples(r);
   window_samples_ = 0;
   if (total == 0) return "";  // written at a sync: nothing open
   torch::Tensor mean_change = torch::zeros_like(anchor_);
   for (const auto& r : by_rank) {
-    double w = check(find(r, kSamples), kSamples, 1).item<double>() / total;
-    mean_change.add_(anchor_ - check(find(r, kParams), kParams, anchor_.numel()), w);
+    double w = samples(r) / total;
+    mean_change.add_(anchor_ - check(find(r, kParams), kParams, anchor_.numel(), on_device), w);
   }
   outer_step(mean_change);
   set_params(anchor_);

@@ -19,9 +19,11 @@ constexpr char kError[] = "powersgd.error.";
 // QR: unlike Gram-Schmidt, a zero or dependent column gives no NaN.
 torch::Tensor orthogonalize(const torch::Tensor& a) { return std::get<0>(torch::linalg_qr(a, "reduced")); }
 
-torch::Tensor first_q(int64_t cols, int64_t rank, uint64_t seed) {
+// Drawn on the CPU, so that every rank and device draws the same Q, then
+// placed where the gradients are.
+torch::Tensor first_q(int64_t cols, int64_t rank, uint64_t seed, const torch::TensorOptions& like) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return torch::randn({cols, rank}, gen, torch::kFloat32);
+  return torch::randn({cols, rank}, gen, torch::kFloat32).to(like.device());
 }
 
 }  // namespace
@@ -38,6 +40,7 @@ PowerSgdBucket::PowerSgdBucket(const std::vector<torch::Tensor>& grads, const st
     : rank_(rank), seed_(seed) {
   COHORT_CHECK(grads.size() == names.size(), Error, "powersgd: ", grads.size(), " gradients but ", names.size(),
                " names");
+  if (!grads.empty()) options_ = grads[0].options().dtype(torch::kFloat32);
   for (size_t i = 0; i < grads.size(); ++i) {
     exact_floats_ += grads[i].numel();
     if (!powersgd_compresses(grads[i].sizes(), rank) || grads[i].scalar_type() != torch::kFloat32) {
@@ -53,7 +56,7 @@ PowerSgdBucket::PowerSgdBucket(const std::vector<torch::Tensor>& grads, const st
 void PowerSgdBucket::reset() {
   for (size_t j = 0; j < matrices_.size(); ++j) {
     auto& m = matrices_[j];
-    m.q = first_q(m.cols, rank_, seed_ * 1000003 + m.index);
+    m.q = first_q(m.cols, rank_, seed_ * 1000003 + m.index, options_);
     m.error = torch::Tensor();
   }
 }
@@ -85,7 +88,7 @@ void PowerSgdBucket::reduce(Comm& comm, const std::vector<torch::Tensor>& grads)
       p_size += m.rows * rank_;
       q_size += m.cols * rank_;
     }
-    auto p_flat = torch::empty({p_size}, torch::kFloat32);
+    auto p_flat = torch::empty({p_size}, options_);
     int64_t offset = 0;
     std::vector<torch::Tensor> ps;
     for (size_t j = 0; j < matrices_.size(); ++j) {
@@ -96,7 +99,7 @@ void PowerSgdBucket::reduce(Comm& comm, const std::vector<torch::Tensor>& grads)
     }
     comm.all_reduce_sum(p_flat, "powersgd P all-reduce");
     // Q = M^T orth(P), summed: P Q^T is then the rank-r approximation of the sum of the Ms.
-    auto q_flat = torch::empty({q_size}, torch::kFloat32);
+    auto q_flat = torch::empty({q_size}, options_);
     offset = 0;
     std::vector<torch::Tensor> qs;
     for (size_t j = 0; j < matrices_.size(); ++j) {
@@ -137,7 +140,7 @@ NamedTensors PowerSgdBucket::shared_state() const {
 NamedTensors PowerSgdBucket::own_state() const {
   NamedTensors out;
   for (const auto& m : matrices_) {
-    out.emplace_back(kError + m.name, m.error.defined() ? m.error : torch::zeros({m.rows, m.cols}));
+    out.emplace_back(kError + m.name, m.error.defined() ? m.error : torch::zeros({m.rows, m.cols}, options_));
   }
   return out;
 }
@@ -148,7 +151,7 @@ void PowerSgdBucket::load_shared_state(const NamedTensors& tensors) {
     auto it = by_name.find(kQ + m.name);
     // Another dist.powersgd-rank than the writer's: this rank's Qs start afresh.
     if (it == by_name.end() || it->second.numel() != m.cols * rank_) continue;
-    m.q = it->second.to(torch::kFloat32).reshape({m.cols, rank_}).clone();
+    m.q = it->second.to(options_).reshape({m.cols, rank_}).clone();
   }
 }
 
@@ -162,7 +165,7 @@ void PowerSgdBucket::load_own_state(const NamedTensors& tensors) {
     }
     COHORT_CHECK(it->second.numel() == m.rows * m.cols, DataError, "powersgd: ", it->first, " holds ",
                  it->second.numel(), " values, expected ", m.rows * m.cols);
-    m.error = it->second.to(torch::kFloat32).reshape({m.rows, m.cols}).clone();
+    m.error = it->second.to(options_).reshape({m.rows, m.cols}).clone();
   }
 }
 

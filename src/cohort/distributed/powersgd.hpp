@@ -69,6 +69,9 @@ class PowerSgdBucket {
   };
   std::vector<Matrix> matrices_;
   std::vector<size_t> exact_;  // indices sent uncompressed
+  // fp32 on the gradients' device: every tensor of the bucket's state lives
+  // there (a checkpoint's, read on the CPU, is moved on load).
+  torch::TensorOptions options_ = torch::TensorOptions(torch::kFloat32);
   int64_t rank_;
   uint64_t seed_;
   int64_t exact_floats_ = 0;

@@ -116,12 +116,7 @@ double shard_memory_weight(const DistOptions& dist, const World& world) {
 
 std::vector<double> agree_shard_weights(Comm& comm, const DistOptions& dist) {
   std::vector<double> given = shard_weights(dist);
-  if (!given.empty()) {
-    COHORT_CHECK(static_cast<int>(given.size()) == comm.size(), ConfigError, "dist.shard-weights gives ",
-                 given.size(), " weight(s) ('", dist.shard_weights, "') but the world has ", comm.size(),
-                 " rank(s): give one per rank, or auto (on a resume at another world size, give new weights or auto)");
-    return given;
-  }
+  if (!given.empty()) return given;  // one per rank: validate_world
   std::vector<double> mine(comm.size(), 0.0);
   mine[comm.rank()] = shard_memory_weight(dist, comm.world());
   return comm.all_reduce_sum(mine, "dist.shard-weights = auto");

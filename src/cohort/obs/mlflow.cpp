@@ -15,6 +15,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <set>
 
@@ -44,6 +45,18 @@ int64_t now_ms() {
 const char* env(const char* name) {
   const char* v = std::getenv(name);
   return v && *v ? v : nullptr;
+}
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// libcurl's progress callback, at least once a second: a request still in
+// flight when the watched deadline passes is cut (CURLE_ABORTED_BY_CALLBACK).
+int past_deadline(void* watched, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  const auto* ns = static_cast<const std::atomic<int64_t>*>(watched);
+  return ns && steady_ns() > ns->load() ? 1 : 0;
 }
 
 size_t append_body(char* data, size_t size, size_t n, void* out) {
@@ -194,8 +207,14 @@ std::string MlflowClient::call(const char* method, const std::string& api_path, 
   double timeout = timeout_s_;
   if (deadline_ != std::chrono::steady_clock::time_point::max()) {
     timeout = std::min(timeout, std::chrono::duration<double>(deadline_ - std::chrono::steady_clock::now()).count());
-    if (timeout <= 0) throw MlflowError(cat(method, " ", url, ": no time left to send it"), 0);
   }
+  if (watched_ && watched_->load() != std::numeric_limits<int64_t>::max()) {
+    timeout = std::min(timeout, static_cast<double>(watched_->load() - steady_ns()) / 1e9);
+  }
+  if (timeout <= 0) throw MlflowError(cat(method, " ", url, ": no time left to send it"), 0);
+  curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, past_deadline);
+  curl_easy_setopt(c, CURLOPT_XFERINFODATA, watched_);
+  curl_easy_setopt(c, CURLOPT_NOPROGRESS, watched_ ? 0L : 1L);
   curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(std::max(std::min(timeout, 5.0), 0.001) * 1000));
   curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(std::max(timeout, 0.001) * 1000));
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, append_body);
@@ -229,7 +248,20 @@ std::string MlflowClient::call(const char* method, const std::string& api_path, 
   if (rc == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
   if (status_out) *status_out = status;
   if (rc != CURLE_OK) {
-    throw MlflowError(cat(method, " ", url, ": ", curl_error[0] ? curl_error : curl_easy_strerror(rc)), 0);
+    // Connected and every byte sent, but no answer: the server may have
+    // carried it out (a hung server works through its socket's backlog
+    // when it wakes).
+    curl_off_t connect_us = 0, sent = 0;
+    curl_easy_getinfo(c, CURLINFO_CONNECT_TIME_T, &connect_us);
+    curl_easy_getinfo(c, CURLINFO_SIZE_UPLOAD_T, &sent);
+    const bool no_answer = rc == CURLE_OPERATION_TIMEDOUT || rc == CURLE_ABORTED_BY_CALLBACK ||
+                           rc == CURLE_RECV_ERROR || rc == CURLE_GOT_NOTHING;
+    const bool unanswered = no_answer && connect_us > 0 && sent >= static_cast<curl_off_t>(body.size());
+    throw MlflowError(cat(method, " ", url, ": ",
+                          rc == CURLE_ABORTED_BY_CALLBACK ? "cut at the end of the time to send it"
+                          : curl_error[0]                 ? curl_error
+                                                          : curl_easy_strerror(rc)),
+                      0, unanswered);
   }
   if (status < 200 || status >= 300) {
     throw MlflowError(cat(method, " ", url, ": HTTP ", status, " ", error_code(response), " ",
@@ -368,6 +400,7 @@ struct Job {
 struct Outcome {
   std::string error;
   bool permanent = false;
+  bool unanswered = false;  // sent whole, no answer: it may have been carried out
 };
 
 // The tags of a run this reporter starts.
@@ -436,14 +469,21 @@ struct MlflowReporter::Shared {
   bool ended = false;         // the worker is gone
   size_t in_flight = 0;       // requests being sent now (for flush())
   bool own_status = true;     // the status is this reporter's to set
-  Unsent lost;                // refused for good, or given up on at the end
+  Unsent lost;                // refused for good, or given up on at the end, never delivered
+  Unsent unanswered;          // given up on after a send that got no answer: may have arrived
+  size_t unanswered_front = 0;  // metrics at the queue's front sent at least once without an answer
+  bool status_unanswered = false;
   std::string status_lost;
+  bool status_maybe = false;  // status_lost was sent once without an answer
+  // The end of sending (steady_clock ns; INT64_MAX: none yet), set by the
+  // destructor and watched by the client, a request in flight included.
+  std::atomic<int64_t> deadline_ns{std::numeric_limits<int64_t>::max()};
   std::string last_error;
   bool warned = false;
   bool connected = false;     // the run is known (created or continued)
 
   // The worker's steps (work()).
-  std::optional<Job> next_job(MlflowClient& client, bool& deadline_set);  // nullopt: the worker ends
+  std::optional<Job> next_job();  // nullopt: the worker ends
   Outcome send(const Job& job, MlflowClient& client, MlflowRunInfo& run);
   void connect(MlflowClient& client, MlflowRunInfo& run);
   void fail(const std::string& what);
@@ -471,11 +511,11 @@ MlflowReporter::MlflowReporter(MlflowTarget target) : s_(std::make_shared<Shared
 
 void MlflowReporter::work(Shared& s) {
   MlflowClient client(s.target.uri, s.target.request_timeout_s);
+  client.watch_deadline(&s.deadline_ns);
   MlflowRunInfo run;
   double backoff = 1.0;
-  bool deadline_set = false;
   for (;;) {
-    const std::optional<Job> job = s.next_job(client, deadline_set);
+    const std::optional<Job> job = s.next_job();
     if (!job) return;
     const Outcome outcome = s.send(*job, client, run);
     if (!outcome.error.empty()) s.fail(outcome.error);
@@ -484,7 +524,7 @@ void MlflowReporter::work(Shared& s) {
 }
 
 // Waits for work; the job chosen is in flight when this returns.
-std::optional<Job> MlflowReporter::Shared::next_job(MlflowClient& client, bool& deadline_set) {
+std::optional<Job> MlflowReporter::Shared::next_job() {
   for (;;) {
     std::unique_lock<std::mutex> lock(mu);
     const bool work = !metrics.empty() || !artifacts.empty() || !final_status.empty();
@@ -498,6 +538,11 @@ std::optional<Job> MlflowReporter::Shared::next_job(MlflowClient& client, bool& 
     Job job;
     if (!connected) {
       job.kind = Job::kConnect;
+    } else if (stopping && !final_status.empty()) {
+      // At the end the run's status goes first: a server slow to take the
+      // last values still learns how the run ended.
+      job.kind = Job::kStatus;
+      job.status = final_status;
     } else if (!metrics.empty()) {
       job.kind = Job::kMetrics;
       const size_t n = std::min(metrics.size(), kMaxMetricsPerBatch);
@@ -508,14 +553,6 @@ std::optional<Job> MlflowReporter::Shared::next_job(MlflowClient& client, bool& 
     } else {
       job.kind = Job::kArtifact;
       job.artifact = artifacts.front();
-    }
-    if (stopping && !deadline_set) {
-      deadline_set = true;
-      // A reporter that was not finished (an elastic world ending, a
-      // failure) holds the process up for a few seconds at most.
-      double flush = finished ? target.final_flush_s : std::min(target.final_flush_s, 5.0);
-      client.set_deadline(std::chrono::steady_clock::now() +
-                          std::chrono::milliseconds(static_cast<int64_t>(flush * 1000)));
     }
     in_flight = 1;
     return job;
@@ -541,6 +578,7 @@ Outcome MlflowReporter::Shared::send(const Job& job, MlflowClient& client, Mlflo
     }
   } catch (const MlflowError& e) {
     outcome.error = e.what();
+    outcome.unanswered = e.unanswered();
     outcome.permanent =
         e.permanent() && job.kind != Job::kConnect;  // a refused run set-up may be fixed on the server: retry
   } catch (const std::exception& e) {  // a file that vanished, an answer that is not JSON
@@ -583,12 +621,24 @@ bool MlflowReporter::Shared::settle(const Job& job, const Outcome& outcome, doub
   if (job.kind == Job::kConnect) {
     if (error.empty()) connected = true;
     if (!error.empty() && stopping) return false;  // no run: everything queued stays unsent
-  } else if (error.empty() || give_up) {
+  } else {
+    if (job.kind == Job::kMetrics && outcome.unanswered) unanswered_front = std::max(unanswered_front, job.batch.size());
+    if (job.kind == Job::kStatus && outcome.unanswered) status_unanswered = true;
+  }
+  if (job.kind != Job::kConnect && (error.empty() || give_up)) {
     if (job.kind == Job::kMetrics) {
-      if (give_up) for (const auto& m : job.batch) lost.add(m);
+      const size_t maybe = std::min(unanswered_front, job.batch.size());
+      if (give_up) {
+        for (size_t i = 0; i < job.batch.size(); ++i) (i < maybe ? unanswered : lost).add(job.batch[i]);
+      }
+      unanswered_front -= maybe;
       metrics.erase(metrics.begin(), metrics.begin() + static_cast<long>(job.batch.size()));
     } else if (job.kind == Job::kStatus) {
-      if (give_up) status_lost = job.status;
+      if (give_up) {
+        status_lost = job.status;
+        status_maybe = status_unanswered;
+      }
+      status_unanswered = false;
       final_status.clear();
     } else {
       if (give_up) lost.artifacts.push_back(job.artifact.second);
@@ -664,38 +714,52 @@ MlflowReporter::~MlflowReporter() {
     std::lock_guard<std::mutex> lock(s_->mu);
     // Destroyed while an error unwinds the run: it failed.
     if (!s_->finished && std::uncaught_exceptions() > 0) s_->final_status = "FAILED";
+    // The time to send what is left runs from now, a request in flight
+    // included. A reporter that was not finished (an elastic world ending,
+    // a failure) holds the process up for a few seconds at most.
+    const double flush = s_->finished ? s_->target.final_flush_s : std::min(s_->target.final_flush_s, 5.0);
+    s_->deadline_ns = steady_ns() + static_cast<int64_t>(flush * 1e9);
     s_->stopping = true;
     s_->cv.notify_all();
   }
   if (worker_.joinable()) worker_.join();
   Shared& s = *s_;
-  Unsent u = s.lost;
-  for (const auto& m : s.metrics) u.add(m);
-  for (const auto& a : s.artifacts) u.artifacts.push_back(a.second);
+  Unsent lost = s.lost, maybe = s.unanswered;
+  for (size_t i = 0; i < s.metrics.size(); ++i) (i < s.unanswered_front ? maybe : lost).add(s.metrics[i]);
+  for (const auto& a : s.artifacts) lost.artifacts.push_back(a.second);
   std::string status = !s.final_status.empty() ? s.final_status : s.status_lost;
+  const bool status_maybe = !s.final_status.empty() ? s.status_unanswered : s.status_maybe;
   if (!s.own_status) status.clear();  // an attached run's status is not this reporter's to send
-  if (u.metrics == 0 && u.artifacts.empty() && status.empty()) return;
-  std::string what;
-  if (!s.connected) what = "the run and its params (it was never created), ";
-  if (u.metrics > 0) {
-    std::string keys;
-    int shown = 0;
-    for (const auto& k : u.keys) {
-      if (shown++ == 4) {
-        keys += cat(", and ", u.keys.size() - 4, " more");
-        break;
+  auto describe = [](const Unsent& u, const std::string& status) {
+    std::string what;
+    if (u.metrics > 0) {
+      std::string keys;
+      int shown = 0;
+      for (const auto& k : u.keys) {
+        if (shown++ == 4) {
+          keys += cat(", and ", u.keys.size() - 4, " more");
+          break;
+        }
+        keys += (keys.empty() ? "" : ", ") + k;
       }
-      keys += (keys.empty() ? "" : ", ") + k;
+      what += cat(u.metrics, " metric value(s) (", keys, "; steps ", u.first_step, "-", u.last_step, "), ");
     }
-    what += cat(u.metrics, " metric value(s) (", keys, "; steps ", u.first_step, "-", u.last_step, "), ");
+    if (!u.artifacts.empty()) what += cat(u.artifacts.size(), " artifact(s) (", detail::join(u.artifacts, ", "), "), ");
+    if (!status.empty()) what += "the run's final status " + status + ", ";
+    if (!what.empty()) what.resize(what.size() - 2);
+    return what;
+  };
+  std::string not_sent = describe(lost, status_maybe ? "" : status);
+  if (!s.connected) not_sent = "the run and its params (it was never created)" + (not_sent.empty() ? "" : ", " + not_sent);
+  const std::string unanswered = describe(maybe, status_maybe ? status : "");
+  if (not_sent.empty() && unanswered.empty()) return;
+  std::string said;
+  if (!not_sent.empty()) said += cat("not sent to ", s.target.uri, ": ", not_sent, ". ");
+  if (!unanswered.empty()) {
+    said += cat("Sent to ", s.target.uri, " but not answered (the server may have stored them): ", unanswered, ". ");
   }
-  if (!u.artifacts.empty()) what += cat(u.artifacts.size(), " artifact(s) (", detail::join(u.artifacts, ", "), "), ");
-  if (!status.empty()) what += "the run's final status " + status + ", ";
-  what.resize(what.size() - 2);
-  std::fprintf(stderr,
-               "cohort: warning: mlflow: not sent to %s: %s. RUN_DIR/metrics.jsonl and RUN_DIR have them all. "
-               "Last error: %s\n",
-               s.target.uri.c_str(), what.c_str(), s.last_error.c_str());
+  std::fprintf(stderr, "cohort: warning: mlflow: %sRUN_DIR/metrics.jsonl and RUN_DIR have them all. Last error: %s\n",
+               said.c_str(), s.last_error.c_str());
 }
 
 std::string mlflow_upload_to_run(const std::string& uri, const std::string& run_dir,

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <chrono>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -34,14 +35,19 @@ namespace cohort {
 // A request that failed. status(): the HTTP status, 0 when no answer came
 // (refused, timed out). A permanent error (a 4xx other than 408 and 429)
 // is not retried: the server will refuse the same request again.
+// unanswered(): the whole request reached the server, which did not answer
+// (a hung server, a cut connection): it may have been carried out.
 class MlflowError : public Error {
  public:
-  MlflowError(const std::string& msg, long status) : Error(msg), status_(status) {}
+  MlflowError(const std::string& msg, long status, bool unanswered = false)
+      : Error(msg), status_(status), unanswered_(unanswered) {}
   long status() const { return status_; }
   bool permanent() const { return status_ >= 400 && status_ < 500 && status_ != 408 && status_ != 429; }
+  bool unanswered() const { return unanswered_; }
 
  private:
   long status_;
+  bool unanswered_;
 };
 
 struct MlflowMetric {
@@ -75,6 +81,9 @@ class MlflowClient {
   // No request runs past `when`: each is cut to the time left, and one
   // asked after it fails at once.
   void set_deadline(std::chrono::steady_clock::time_point when) { deadline_ = when; }
+  // The same, set by another thread (steady_clock nanoseconds; INT64_MAX:
+  // none): a request in flight when it passes is cut there too.
+  void watch_deadline(const std::atomic<int64_t>* ns) { watched_ = ns; }
 
   // The experiment's id, created when there is none by that name.
   std::string experiment_id(const std::string& name);
@@ -100,6 +109,7 @@ class MlflowClient {
   std::string uri_;
   double timeout_s_;
   std::chrono::steady_clock::time_point deadline_ = std::chrono::steady_clock::time_point::max();
+  const std::atomic<int64_t>* watched_ = nullptr;
   void* curl_ = nullptr;
 };
 
@@ -128,9 +138,11 @@ struct MlflowTarget {
 // (train/loss, test/accuracy, train/phase_ms/data), at their step.
 // finish() queues the artifacts (config.toml, metrics.jsonl, labels.json,
 // the run's plots.png when gnuplot is installed) and the final status; the
-// destructor sends what it can within final_flush_s (5 s at most when
-// finish() was not called: an elastic world that ends, or a failure, which
-// sets the status FAILED) and prints, on stderr, what could not be sent.
+// destructor sends what it can within final_flush_s of being called, a
+// request in flight included (5 s at most when finish() was not called: an
+// elastic world that ends, or a failure, which sets the status FAILED), the
+// status first, and prints on stderr what was not sent and what was sent
+// but not answered (it may have arrived).
 // At most a million values wait for a server that does not answer; later
 // ones are counted as not sent. Rank 0 only.
 class MlflowReporter : public Reporter {

@@ -259,7 +259,7 @@ bool adopt_handover(Comm& comm, const Handover* held, torch::nn::Module& module,
   comm.broadcast_bytes(blob, 0, "state handover");
   Handover got = decode_handover(blob);
   std::istringstream opt_in(got.optimizer);
-  torch::load(optimizer, opt_in);
+  torch::load(optimizer, opt_in, comm.world().device);  // saved where rank 0's parameters were
   if (got.scaler.defined()) state.scaler.restore(got.scaler);
   if (auto* shards = dynamic_cast<ShardedOptimizer*>(&optimizer)) {
     notes.push_back(reshard_from_memory(comm, held, got.state.step, *shards));

@@ -107,7 +107,7 @@ RunSummary evaluate_checkpoint(const Config& cfg, Comm& comm, const RunOptions& 
   const World& world = comm.world();
   seed_rngs(cfg.train.seed, world.rank);
   std::unique_ptr<Task> task = make_task(cfg, world);
-  load_model_weights(*task->module(), (std::filesystem::path(from.dir) / "model.safetensors").string());
+  load_model_weights(*task->module(), from.file("model.safetensors"));
   COHORT_CHECK(confusion_png.empty() || !task->confusion(task->empty_tally()).empty(), UsageError,
                "--plot draws a confusion matrix, and task ", cfg.train.task, " keeps none");
   COHORT_CHECK(confusion_png.empty() || gnuplot_available(), UsageError,
@@ -151,7 +151,7 @@ int64_t predict_checkpoint(const Config& cfg, Comm& comm, const RunOptions& run,
   const World& world = comm.world();
   seed_rngs(cfg.train.seed, world.rank);
   std::unique_ptr<Task> task = make_task(cfg, world);
-  load_model_weights(*task->module(), (std::filesystem::path(from.dir) / "model.safetensors").string());
+  load_model_weights(*task->module(), from.file("model.safetensors"));
   auto data = task->input_set(input);
   const auto classes = task->class_names();
   const int64_t n = data->size(), k = static_cast<int64_t>(classes.size());

@@ -47,7 +47,7 @@ std::vector<std::string> restore_checkpoint(const ResolvedCheckpoint& from, Task
                                             TrainState& state, const World& world, const std::string& data_path,
                                             int64_t usable) {
   namespace fs = std::filesystem;
-  load_model_weights(*task.module(), (fs::path(from.dir) / "model.safetensors").string());
+  load_model_weights(*task.module(), from.file("model.safetensors"));
   std::string reshard = load_optimizer_state(from, optimizer, *task.module());
   state.restore(from, world);
   // data.path may change on resume (the data moved); the data may not.

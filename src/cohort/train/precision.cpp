@@ -59,6 +59,7 @@ LossScaler::LossScaler(bool enabled, double init_scale, double growth, double ba
 GradientSet module_gradients(torch::nn::Module& module) {
   GradientSet g;
   for (auto& p : module.parameters()) {
+    g.device = p.device();
     if (p.grad().defined()) g.tensors.push_back(p.grad());
   }
   return g;
@@ -66,11 +67,16 @@ GradientSet module_gradients(torch::nn::Module& module) {
 
 torch::Tensor grad_norm(const GradientSet& grads) {
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> norms;
-  for (const auto& t : grads.tensors) norms.push_back(t.norm(2).to(torch::kFloat64));
-  if (!grads.pool) return norms.empty() ? torch::zeros({}, torch::kFloat64) : torch::stack(norms).norm(2);
-  auto sq = norms.empty() ? torch::zeros({1}, torch::kFloat64) : torch::stack(norms).square().sum().reshape({1});
-  grads.pool(sq);
+  // Each tensor's sum of squares in float64, summed in float64: the same
+  // norm to ~1e-16 however the gradients are cut (whole tensors, a shard's
+  // pieces of them), so clipping does not depend on the world size.
+  std::vector<torch::Tensor> squares;
+  for (const auto& t : grads.tensors) {
+    squares.push_back(torch::linalg_vector_norm(t, 2, c10::nullopt, false, torch::kFloat64).square());
+  }
+  auto options = torch::TensorOptions(torch::kFloat64).device(grads.device);
+  auto sq = squares.empty() ? torch::zeros({1}, options) : torch::stack(squares).sum().reshape({1});
+  if (grads.pool) grads.pool(sq);
   return sq.sqrt().reshape({});
 }
 

@@ -34,6 +34,7 @@ bool cpu_has_amx_bf16();
 struct GradientSet {
   std::vector<torch::Tensor> tensors;
   std::function<void(torch::Tensor&)> pool;  // null: the tensors are every gradient
+  torch::Device device = torch::kCPU;         // the parameters': where a norm of no tensors is made
 };
 GradientSet module_gradients(torch::nn::Module& module);
 // The L2 norm of all the gradients together, a float64 scalar on their

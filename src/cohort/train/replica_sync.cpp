@@ -24,10 +24,11 @@ torch::Tensor archive_bytes(torch::optim::Optimizer& optimizer) {
   return torch::from_blob(bytes.data(), {static_cast<int64_t>(bytes.size())}, torch::kUInt8).clone();
 }
 
-void load_archive(torch::optim::Optimizer& optimizer, const torch::Tensor& bytes) {
-  auto t = bytes.contiguous();
+// Saved where the writer's parameters were: loaded onto this rank's device.
+void load_archive(torch::optim::Optimizer& optimizer, const torch::Tensor& bytes, const torch::Device& device) {
+  auto t = bytes.contiguous().cpu();
   std::istringstream in(std::string(static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel())));
-  torch::load(optimizer, in);
+  torch::load(optimizer, in, device);
 }
 
 torch::Tensor find(const NamedTensors& tensors, const std::string& name) {
@@ -107,7 +108,7 @@ std::vector<std::string> ReplicaSync::restore(const NamedTensors& shared, const 
     auto bytes = find(by_rank[static_cast<size_t>(comm_.rank()) % by_rank.size()], kOptimizer);
     COHORT_CHECK(bytes.defined(), DataError, "local sync: the checkpoint lacks the ranks' inner optimizer state "
                  "(was it written with dist.sync = step?)");
-    load_archive(optimizer_, bytes);
+    load_archive(optimizer_, bytes, comm_.world().device);
   }
   return notes;
 }

@@ -41,12 +41,15 @@ RunOptions plan_training(const TrainRequest& request, ConfigBinding& binding, Co
     if (fs::exists(fs::path(run.out_dir) / "checkpoints" / "latest")) resume_path = run.out_dir;
     else if (resume_path.empty()) run.start = StartFresh{/*overwrite=*/true};
   }
-  // A worker of a job (it knows its job id) refuses another live job's
-  // directory before its checkpoints are read (they may be pruned under a
-  // resume). Not a launcher or a lone process, which learns its job id
-  // later: a launcher may be joining the job that holds the lock; rank 0's
-  // lock() decides for them.
-  if (!run.job_id.empty() && fs::is_directory(run.out_dir)) RunDir(run.out_dir).refuse_if_held(run.job_id);
+  // Another live job's directory is refused before its checkpoints are read
+  // (its keep rotation may prune them under a resume): by a worker of a job
+  // (it knows its job id), and by a process that begins a job. Not by the
+  // launcher of a node that may be joining the job that holds the lock:
+  // rank 0's lock() decides for it.
+  if (fs::is_directory(run.out_dir)) {
+    if (!run.job_id.empty()) RunDir(run.out_dir).refuse_if_held(run.job_id);
+    else if (request.starts_job) RunDir(run.out_dir).refuse_if_held(RunDirLock::new_job_id());
+  }
   if (!resume_path.empty()) run.start = StartFromCheckpoint{resolve_checkpoint(resume_path, run.notes)};
   COHORT_CHECK(!run.out_dir.empty(), UsageError, "--out RUN_DIR is required (or --resume RUN_DIR)");
   COHORT_CHECK(!fs::exists(run.out_dir) || fs::is_directory(run.out_dir), UsageError, "--out ", run.out_dir,
@@ -54,7 +57,7 @@ RunOptions plan_training(const TrainRequest& request, ConfigBinding& binding, Co
   if (!request.config_path.empty()) binding.apply_file(request.config_path);
   std::string saved_config;
   if (const ResolvedCheckpoint* from = run.checkpoint()) {
-    std::string path = (fs::path(from->dir) / "config.toml").string();
+    std::string path = from->file("config.toml");
     binding.apply_file(path);  // the base under --config and flags
     saved_config = read_file(path);
   }
@@ -74,7 +77,7 @@ EvalPlan plan_evaluation(const EvalRequest& request) {
   const ResolvedCheckpoint& from = *plan.run.checkpoint();
   plan.run.out_dir = Checkpoints::run_dir_of(from.dir);
   plan.run.evaluation = true;
-  plan.cfg = load_config((fs::path(from.dir) / "config.toml").string());
+  plan.cfg = load_config(from.file("config.toml"));
   plan.cfg.eval.split = request.split;
   plan.cfg.eval.max_samples = request.max_samples;
   // The run's own label names (bert-classify), so that eval and predict

@@ -92,6 +92,10 @@ struct TrainRequest {
   bool overwrite = false;   // --overwrite
   int generation = 0;       // restarts by the launcher so far (COHORT_GENERATION)
   std::string job_id;       // the job this process belongs to (RunDirLock::job_id_from)
+  // This process begins a job of its own: a lone process, or the launcher
+  // of a one-node job. It cannot be joining the job that holds RUN_DIR's
+  // lock, so a live holder is refused before any checkpoint is read.
+  bool starts_job = false;
 };
 
 // Resolves a training run. A restart (generation > 0) continues from the

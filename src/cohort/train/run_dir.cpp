@@ -26,6 +26,7 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/files.hpp"
+#include "cohort/core/sha256.hpp"
 
 namespace cohort {
 
@@ -235,10 +236,13 @@ std::string to_json(const RunDirLock::Holder& h) {
 
 // The lock file's holder; nullopt when there is no file. A file that does
 // not parse gives a holder with empty fields (judged by its age alone).
-std::optional<RunDirLock::Holder> read_holder(const std::string& path) {
+// `key`, when given, is set to a short digest of the file's bytes: what
+// names that very version of the file (a takeover's claim on it).
+std::optional<RunDirLock::Holder> read_holder(const std::string& path, std::string* key = nullptr) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return std::nullopt;
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (key) *key = sha256_hex(text).substr(0, 16);
   RunDirLock::Holder h;
   try {
     auto j = nlohmann::json::parse(text);
@@ -336,6 +340,49 @@ bool create_exclusively(const std::string& tmp, const std::string& path, const s
   throw Error(detail::cat(path, ": cannot create (", std::strerror(err), ")"));
 }
 
+// Writes `text` over `path` from its first byte and fsyncs it (`flags`:
+// O_CREAT | O_TRUNC for a new file, 0 to overwrite one in place). 0, or
+// the errno of the failure; the file is left as the failure left it.
+int write_synced(const std::string& path, const std::string& text, int flags) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | flags, 0666);
+  if (fd < 0) return errno;
+  int err = 0;
+  for (size_t done = 0; done < text.size() && err == 0;) {
+    ssize_t n = ::pwrite(fd, text.data() + done, text.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) err = n < 0 ? errno : ENOSPC;
+    else done += static_cast<size_t>(n);
+  }
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;  // NFS reports some write errors only here
+  return err;
+}
+
+// This job's own lock, rewritten for its new process (a restart, a later
+// elastic world): a new file renamed over it, so that a failed write keeps
+// the old one. On a full disk, where there is no room for a second file, the
+// old one is overwritten where it stands: its blocks are there already (a
+// restart after a full disk must get as far as the clean-up). Padded with
+// spaces to the old length, so that none of the old text is left after the
+// new (JSON ignores the spaces). Error naming the lock when neither works;
+// the lock is never removed.
+void rewrite_own_lock(const std::string& lock, const std::string& tmp, std::string text) {
+  int err = write_synced(tmp, text, O_CREAT | O_TRUNC);
+  if (err == 0 && std::rename(tmp.c_str(), lock.c_str()) == 0) return;
+  if (err == 0) err = errno;
+  ::unlink(tmp.c_str());
+  if (err == ENOSPC || err == EDQUOT) {
+    struct stat st {};
+    if (::stat(lock.c_str(), &st) == 0 && text.size() < static_cast<size_t>(st.st_size)) {
+      text.append(static_cast<size_t>(st.st_size) - text.size(), ' ');
+    }
+    err = write_synced(lock, text, 0);
+    if (err == 0) return;
+  }
+  throw Error(detail::cat(lock, ": cannot rewrite this job's lock (", std::strerror(err),
+                          "); the lock is kept as it was"));
+}
+
 }  // namespace
 
 std::string RunDirLock::Holder::describe() const {
@@ -395,7 +442,6 @@ std::unique_ptr<RunDirLock> RunDir::lock(const std::string& job_id, double lease
   me.started = local_time_now();
   me.nonce = random_hex(8);
   const std::string tmp = (fs::path(path_) / (".lock." + me.nonce)).string();
-  const std::string takeover = lock + ".takeover";
   struct RemoveTmp {
     const std::string& path;
     ~RemoveTmp() { ::unlink(path.c_str()); }
@@ -404,14 +450,14 @@ std::unique_ptr<RunDirLock> RunDir::lock(const std::string& job_id, double lease
   std::unique_ptr<RunDirLock> held;
   for (int attempt = 0; !held; ++attempt) {
     COHORT_CHECK(attempt < 20, Error, lock, ": could not take the lock (other jobs keep changing it)");
-    auto holder = read_holder(lock);
+    std::string key;  // names this version of the lock file
+    auto holder = read_holder(lock, &key);
     if (holder && (holder->job == me.job || (holder->host == me.host && holder->pid == me.pid &&
                                              holder->pid_start == me.pid_start))) {
       // This job's own (a restart, a later elastic world): it goes on, as
-      // started then. Rewritten in place, which needs no new space: a
-      // restart after a full disk must get this far, to the clean-up.
+      // started then, with this process as its holder.
       if (!holder->started.empty()) me.started = holder->started;
-      write_file_durably(lock, {to_json(me)});
+      rewrite_own_lock(lock, tmp, to_json(me));
       held = std::make_unique<RunDirLock>(lock, me, lease);
       break;
     }
@@ -424,29 +470,46 @@ std::unique_ptr<RunDirLock> RunDir::lock(const std::string& job_id, double lease
       if (create_exclusively(tmp, lock, to_json(me))) held = std::make_unique<RunDirLock>(lock, me, lease);
       continue;  // else another job was quicker: look at it
     }
-    // A dead job's lock. Taking it over is itself locked, so that two jobs
-    // that both found it dead cannot both take it.
-    if (!create_exclusively(tmp, takeover, to_json(me))) {
-      auto other = read_holder(takeover);
-      std::string other_live;
-      if (other && dead_reason(*other, me, takeover, path_, lease, other_live).empty()) {
-        throw UsageError(detail::cat(path_, " is being taken over by ", other->describe(), " right now"));
+    // A dead job's lock. Of the jobs that found it dead, one takes it over:
+    // the one that creates the claim named after this version of the lock.
+    // A claimant that died while taking over is passed the same way, by a
+    // claim named after its claim's version, and so on: a file is only ever
+    // created exclusively, never removed while a live job may count on it.
+    std::string claim = detail::cat(lock, ".takeover-", key);
+    for (int passed = 0; !create_exclusively(tmp, claim, to_json(me)); ++passed) {
+      COHORT_CHECK(passed < 20, Error, lock, ": could not take the lock over (", passed,
+                   " claimants died while taking it over)");
+      std::string claim_key;
+      auto claimant = read_holder(claim, &claim_key);
+      if (!claimant) continue;  // removed after a takeover that ended: try again
+      std::string claimant_live;
+      if (dead_reason(*claimant, me, claim, path_, lease, claimant_live).empty()) {
+        throw UsageError(detail::cat(path_, " is being taken over by ", claimant->describe(), " right now"));
       }
-      ::unlink(takeover.c_str());  // left by a job that died while taking over
-      continue;
+      claim = detail::cat(claim, "-", claim_key);
     }
-    auto again = read_holder(lock);
-    if (again && again->nonce == holder->nonce && again->job == holder->job) {
+    // The claim is this job's; the lock is replaced only if it is still the
+    // version claimed (another claimant may have finished a takeover before
+    // this one began: then look again).
+    std::string now_key;
+    auto again = read_holder(lock, &now_key);
+    if (again && now_key == key) {
       bool replaced = std::rename(tmp.c_str(), lock.c_str()) == 0;
       int err = errno;
-      ::unlink(takeover.c_str());
       COHORT_CHECK(replaced, Error, lock, ": cannot replace (", std::strerror(err), ")");
       notes.push_back(detail::cat("took over the lock of ", path_, " from job ", holder->job, " on host ", holder->host,
                                   " pid ", holder->pid, " (started ", holder->started, "), ", dead));
       held = std::make_unique<RunDirLock>(lock, me, lease);
-      break;
     }
-    ::unlink(takeover.c_str());  // it changed meanwhile: look again
+    // Claims on a version of the lock that is gone can no longer win: every
+    // one, this job's too, may go now.
+    if (held) {
+      for (const auto& e : fs::directory_iterator(path_, ec)) {
+        if (e.path().filename().string().rfind(".lock.takeover", 0) == 0) fs::remove(e.path(), ec);
+      }
+    } else {
+      ::unlink(claim.c_str());
+    }
   }
   if (mode == RunMode::kFresh) {
     try {

@@ -83,7 +83,12 @@ void ShardedOptimizer::add_reduced(const std::vector<size_t>& params, const torc
 GradientSet ShardedOptimizer::gradients() {
   if (!shard_grads_) return module_gradients(module_);  // every rank holds every summed gradient
   GradientSet g;
-  g.tensors = {grad_};
+  g.device = grad_.device();
+  // One piece per parameter in this rank's range, as the unsharded norm
+  // takes one per parameter: the norm is then summed the same way.
+  for (const auto& seg : layout_.segments(layout_.lo(group_), layout_.hi(group_))) {
+    g.tensors.push_back(grad_.narrow(0, seg.at, seg.length));
+  }
   const bool counts = layout_.primary(comm_.rank());  // one copy of each range in the sum
   g.pool = [this, counts](torch::Tensor& sq) {
     if (!counts) sq.zero_();
@@ -244,7 +249,7 @@ struct RangeFile {
 };
 
 RangeFile read_range(const ResolvedCheckpoint& from, int g) {
-  const std::string path = (std::filesystem::path(from.dir) / ShardRecord::file(g)).string();
+  const std::string path = from.file(ShardRecord::file(g));
   SafetensorsFile f = load_safetensors(path);
   RangeFile r{from.state.shard.bounds.at(g), from.state.shard.bounds.at(g + 1), {}, {}, {}};
   for (const char* key : {"exp_avg", "exp_avg_sq", "steps"}) {
@@ -265,15 +270,18 @@ std::string load_optimizer_state(const ResolvedCheckpoint& from, torch::optim::O
   namespace fs = std::filesystem;
   const ShardRecord& rec = from.state.shard;
   auto* shards = dynamic_cast<ShardedOptimizer*>(&optimizer);
-  const std::string archive = (fs::path(from.dir) / "optimizer.pt").string();
+  const std::string archive = from.file("optimizer.pt");
+  // Saved where the writer's parameters were: the state goes where this
+  // rank's are.
+  const torch::Device device = module.parameters().empty() ? torch::Device(torch::kCPU) : module.parameters()[0].device();
   if (!rec.sharded()) {
     if (!shards) {
-      torch::load(optimizer, archive);
+      torch::load(optimizer, archive, device);
       return "";
     }
     // A whole state: read it beside the parameters, keep this rank's range.
     torch::optim::AdamW whole(optimizer.param_groups(), torch::optim::AdamWOptions());
-    torch::load(whole, archive);
+    torch::load(whole, archive, torch::Device(torch::kCPU));  // this rank keeps its range of it
     shards->take_whole(whole);
     for (size_t g = 0; g < whole.param_groups().size(); ++g) {  // its options, as a whole reader takes them
       optimizer.param_groups().at(g).set_options(whole.param_groups()[g].options().clone());

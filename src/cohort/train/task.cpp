@@ -21,7 +21,11 @@ Registry<TaskFactory>& tasks() {
 
 void register_task(const std::string& name, TaskFactory factory, const std::vector<TaskKey>& keys) {
   tasks().add(name, std::move(factory));
-  declare_task_keys(keys);
+  std::vector<TaskKey> owned = keys;
+  for (auto& k : owned) {
+    if (k.task.empty()) k.task = name;
+  }
+  declare_task_keys(owned);
 }
 
 std::vector<std::string> task_names() { return tasks().names(); }

@@ -44,7 +44,7 @@ TrainState::Snapshot TrainState::capture(Comm& comm, int64_t train_samples, cons
 }
 
 SavedSync read_sync_state(const ResolvedCheckpoint& from) {
-  auto file = load_safetensors((std::filesystem::path(from.dir) / "rng.safetensors").string());
+  auto file = load_safetensors(from.file("rng.safetensors"));
   SavedSync saved;
   saved.by_rank.resize(static_cast<size_t>(from.state.world_size));
   const std::string shared = "sync.";
@@ -68,7 +68,7 @@ void TrainState::restore(const ResolvedCheckpoint& from, const World& world) {
   cursor = from.state.cursor;
   samples_seen = from.state.samples_seen;
   balance_shares = from.state.balance_shares;
-  auto rng = load_safetensors((std::filesystem::path(from.dir) / "rng.safetensors").string());
+  auto rng = load_safetensors(from.file("rng.safetensors"));
   if (auto ls = rng.tensors.find("loss_scaler"); ls != rng.tensors.end()) scaler.restore(ls->second);
   if (from.state.world_size != world.world_size) return;
   auto it = rng.tensors.find("rank." + std::to_string(world.rank));
@@ -92,7 +92,7 @@ std::string encode_handover(const Handover& h) {
 
 Handover decode_handover(const std::string& blob) {
   torch::serialize::InputArchive a;
-  a.load_from(blob.data(), blob.size());
+  a.load_from(blob.data(), blob.size(), torch::Device(torch::kCPU));  // each rank moves what it takes
   torch::Tensor fields, opt;
   Handover h;
   a.read("state", fields);

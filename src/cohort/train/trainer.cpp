@@ -101,6 +101,7 @@ struct Trainer::Parts {
 Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
     : cfg(std::move(config)), comm(c), world(c.world()), run(std::move(options)) {
   validate(cfg);
+  if (!comm.elastic()) validate_world(cfg, comm.size());  // an elastic world's size changes: its launcher checks
   precision = agree_startup(comm, run.config_toml, cfg.train.precision);
   seed_rngs(cfg.train.seed, world.rank);
   state.scaler = LossScaler(precision == Precision::kFp16);

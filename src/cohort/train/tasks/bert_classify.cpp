@@ -34,7 +34,7 @@ namespace F = torch::nn::functional;
 std::string names_a_column(const TaskValue& v) { return std::get<std::string>(v).empty() ? "must name a column" : ""; }
 
 const bool bert_classify_keys_declared = [] {
-  declare_task_keys({
+  declare_task_keys(keys_of_task("bert-classify", {
       {"data.text-column", std::string("text"), "bert-classify: the column (TSV header) or field (JSONL) of the text",
        KeyScope::kFixed, names_a_column},
       {"data.text-pair-column", std::string(), "bert-classify: the second text of sentence pairs; '' = single sentences"},
@@ -45,7 +45,7 @@ const bool bert_classify_keys_declared = [] {
       {"data.max-seq-length", int64_t{128},
        "bert-classify: tokens per input with [CLS] and [SEP]s; the longer text is cut first", KeyScope::kFixed,
        [](const TaskValue& v) { return std::get<int64_t>(v) >= 4 ? "" : "must be >= 4"; }},
-  });
+  }));
   return true;
 }();
 

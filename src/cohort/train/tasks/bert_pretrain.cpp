@@ -58,7 +58,7 @@ std::vector<double> mask_replace(const std::string& text) {
 }
 
 const bool bert_pretrain_keys_declared = [] {
-  declare_task_keys({
+  declare_task_keys(keys_of_task("bert-pretrain", {
       {kMaskingKey, std::string("static"),
        "bert-pretrain: static = the masks cohort prepare drew; dynamic = drawn afresh per sample and epoch from "
        "(train.seed, epoch, sample id), the same on any world size",
@@ -88,7 +88,7 @@ const bool bert_pretrain_keys_declared = [] {
        "bert-pretrain, dynamic masking: mask every piece of a word (WordPiece's ## continuations) together"},
       {"task.nsp", true,
        "bert-pretrain: next sentence prediction; false = masked LM only (a BertForMaskedLM, RoBERTa's recipe)"},
-  });
+  }));
   return true;
 }();
 
