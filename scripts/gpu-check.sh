@@ -69,6 +69,24 @@ COHORT_TEST_CUDA=1 "$build/tests/cohort_tests" --gtest_filter='Elastic.MultiRank
 grep -q "FAILED" "$out/gpu-elastic.log" && die "the elastic kill on the GPU failed ($out/gpu-elastic.log)"
 say "tests done"
 
+# 3b. The sync parts' state on CUDA tensors: PowerSGD (its Qs and remainders), local steps (the outer
+#     momentum) and a sharded optimizer with gradient clipping (the norm of its pieces), each trained on 2
+#     ranks sharing the GPU (Gloo on CUDA tensors) and resumed on 1 rank: the checkpoint's state is read on
+#     the CPU and must be placed on the GPU, and the local steps' open window merged there.
+common=(--model.name mlp --train.device cuda --log.tensorboard=false --quiet --eval.every-steps 0
+        --ckpt.every-steps 10 --data.global-batch 64)
+for mode in "powersgd|--dist.grad-compression powersgd" "local|--dist.sync local --dist.local-steps 4" \
+            "shard|--optim.name adamw --dist.shard gradients --optim.clip-norm 1"; do
+  name=${mode%%|*}
+  read -r -a flags <<< "${mode#*|}"
+  run=$out/runs/$name
+  "$build/cohort" train "${common[@]}" "${flags[@]}" --nproc-per-node 2 --oversubscribe --dist.backend gloo \
+    --train.max-steps 15 --out "$run" > "$out/$name.log" 2>&1 || { tail -5 "$out/$name.log"; die "$name on 2 ranks failed"; }
+  "$build/cohort" train --resume "$run" --train.max-steps 25 >> "$out/$name.log" 2>&1 ||
+    { tail -5 "$out/$name.log"; die "$name resumed on 1 rank failed"; }
+  say "$name: 15 steps on 2 ranks, resumed to 25 on 1"
+done
+
 # 4. BERT phase 1 (S=128, 20 predictions), bf16, one GPU: Cohort's model step
 #    against Hugging Face BertForPreTraining in eager PyTorch, the same batch.
 peak=${PEAK_TFLOPS:-989}  # H200 dense bf16; set PEAK_TFLOPS for another GPU

@@ -420,6 +420,14 @@ std::string closest_key(const std::string& name) {
   return only;
 }
 
+std::set<std::string> ConfigBinding::given() const {
+  std::set<std::string> out;
+  for (const auto& k : keys_) {
+    if (k->option->count() > 0) out.insert(k->name);
+  }
+  return out;
+}
+
 std::vector<std::string> ConfigBinding::keys() const {
   std::vector<std::string> out;
   for (const auto& k : keys_) out.push_back(k->name);
@@ -813,6 +821,82 @@ void require(bool ok, const char* key, const T& value, const char* what) {
 
 }  // namespace
 
+namespace {
+
+// A key of a mode that is off: its value would be silently ignored, so a
+// value other than its default is refused, naming what turns the mode on.
+struct InertRule {
+  const char* key;
+  std::function<bool(const Config&)> inert;  // set away from its default, its mode off
+  std::function<void(Config&)> reset;        // back to the default
+  const char* why;
+};
+
+const std::vector<InertRule>& inert_rules() {
+  static const DistOptions dist;
+  static const OptimOptions optim;
+  const char* unsharded = "applies to a sharded run; dist.shard = none keeps the whole state on every rank: set "
+                          "dist.shard, or drop the key";
+  const char* every_step = "applies to dist.sync = local (the outer step); dist.sync = step has none: set dist.sync "
+                           "local, or drop the key";
+  static const std::vector<InertRule> rules = {
+      {"dist.shard-replicas", [](const Config& c) { return c.dist.shard == ShardMode::kNone && c.dist.shard_replicas != dist.shard_replicas; },
+       [](Config& c) { c.dist.shard_replicas = dist.shard_replicas; }, unsharded},
+      {"dist.shard-weights", [](const Config& c) { return c.dist.shard == ShardMode::kNone && c.dist.shard_weights != dist.shard_weights; },
+       [](Config& c) { c.dist.shard_weights = dist.shard_weights; }, unsharded},
+      {"optim.outer-lr", [](const Config& c) { return c.dist.sync == SyncMode::kStep && c.optim.outer_lr != optim.outer_lr; },
+       [](Config& c) { c.optim.outer_lr = optim.outer_lr; }, every_step},
+      {"optim.outer-momentum", [](const Config& c) { return c.dist.sync == SyncMode::kStep && c.optim.outer_momentum != optim.outer_momentum; },
+       [](Config& c) { c.optim.outer_momentum = optim.outer_momentum; }, every_step},
+      {"dist.local-steps", [](const Config& c) { return c.dist.sync == SyncMode::kStep && c.dist.local_steps != dist.local_steps; },
+       [](Config& c) { c.dist.local_steps = dist.local_steps; }, every_step},
+  };
+  return rules;
+}
+
+// The value of `key` as an error shows it.
+std::string value_of(const Config& c, const std::string& key) {
+  if (key == "dist.shard-replicas") return std::to_string(c.dist.shard_replicas);
+  if (key == "dist.shard-weights") return c.dist.shard_weights;
+  if (key == "optim.outer-lr") return detail::cat(c.optim.outer_lr);
+  if (key == "optim.outer-momentum") return detail::cat(c.optim.outer_momentum);
+  if (key == "dist.local-steps") return std::to_string(c.dist.local_steps);
+  auto it = c.task.find(key);
+  return it == c.task.end() ? std::string() : shown(it->second);
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> inert_keys(const Config& c) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& r : inert_rules()) {
+    if (r.inert(c)) out.emplace_back(r.key, detail::cat(r.key, " ", r.why, " (got ", value_of(c, r.key), ")"));
+  }
+  // Another task's key, away from its default.
+  for (const auto& k : declared_task_keys()) {
+    auto it = c.task.find(k.name);
+    if (k.task.empty() || k.task == c.train.task || it == c.task.end() || it->second == k.value) continue;
+    out.emplace_back(k.name, detail::cat(k.name, " applies to train.task ", k.task, "; this run's task is ",
+                                         c.train.task, ", which does not read it (got ", shown(it->second),
+                                         "): drop the key"));
+  }
+  return out;
+}
+
+std::vector<std::string> reset_inert_keys(Config& c, const std::set<std::string>& given) {
+  std::vector<std::string> notes;
+  for (const auto& [key, why] : inert_keys(c)) {
+    if (given.count(key)) continue;
+    notes.push_back(detail::cat(key, " = ", value_of(c, key), " from the checkpoint has no effect now: back to its default"));
+    bool reset = false;
+    for (const auto& r : inert_rules()) {
+      if (key == r.key) r.reset(c), reset = true;
+    }
+    if (!reset) c.task.erase(key);
+  }
+  return notes;
+}
+
 void validate(const Config& c) {
   // train.task and model.name are checked by their registries, which know
   // every registered name.
@@ -882,28 +966,6 @@ void validate(const Config& c) {
   require(c.dist.powersgd_rank >= 1 && c.dist.powersgd_rank <= 1024, "dist.powersgd-rank", c.dist.powersgd_rank,
           "must be in [1, 1024]");
   require(c.dist.local_steps >= 1, "dist.local-steps", c.dist.local_steps, "must be >= 1");
-  // Keys of a mode that is off would be silently ignored: refused, as a
-  // value other than the default, naming the key that turns the mode on.
-  const DistOptions dist_defaults;
-  const OptimOptions optim_defaults;
-  if (c.dist.shard == ShardMode::kNone) {
-    require(c.dist.shard_replicas == dist_defaults.shard_replicas, "dist.shard-replicas", c.dist.shard_replicas,
-            "applies to a sharded run; dist.shard = none keeps the whole state on every rank: set dist.shard, or drop "
-            "the key");
-    require(c.dist.shard_weights == dist_defaults.shard_weights, "dist.shard-weights", c.dist.shard_weights,
-            "applies to a sharded run; dist.shard = none keeps the whole state on every rank: set dist.shard, or drop "
-            "the key");
-  }
-  if (c.dist.sync == SyncMode::kStep) {
-    require(c.optim.outer_lr == optim_defaults.outer_lr, "optim.outer-lr", c.optim.outer_lr,
-            "applies to dist.sync = local (the outer step); dist.sync = step has none: set dist.sync local, or drop "
-            "the key");
-    require(c.optim.outer_momentum == optim_defaults.outer_momentum, "optim.outer-momentum", c.optim.outer_momentum,
-            "applies to dist.sync = local (the outer step); dist.sync = step has none: set dist.sync local, or drop "
-            "the key");
-    require(c.dist.local_steps == dist_defaults.local_steps, "dist.local-steps", c.dist.local_steps,
-            "applies to dist.sync = local; dist.sync = step syncs every step: set dist.sync local, or drop the key");
-  }
   require(c.dist.sync == SyncMode::kStep || c.dist.grad_compression != Compression::kPowerSgd,
           "dist.grad-compression", "powersgd", "compresses the gradient all-reduce, which dist.sync = local does "
           "not have: use none or bf16 for the parameter change");
@@ -940,14 +1002,12 @@ void validate(const Config& c) {
   for (const auto& k : declared_task_keys()) {
     auto it = c.task.find(k.name);
     const TaskValue& value = it != c.task.end() ? it->second : k.value;
-    // Another task's key, away from its default, would be ignored.
-    COHORT_CHECK(k.task.empty() || k.task == c.train.task || value == k.value, ConfigError, k.name, " applies to "
-                 "train.task ", k.task, "; this run's task is ", c.train.task, ", which does not read it (got ",
-                 shown(value), "): drop the key");
     if (!k.problem) continue;
     std::string why = k.problem(value);
     COHORT_CHECK(why.empty(), ConfigError, k.name, " ", why, " (got ", shown(value), ")");
   }
+  // Last: a value that is wrong is said before one that would be ignored.
+  if (auto inert = inert_keys(c); !inert.empty()) throw ConfigError(inert.front().second);
 }
 
 void validate_world(const Config& c, int world_size) {

@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <variant>
@@ -158,6 +159,15 @@ struct Config {
 // Checks every range and cross-key constraint. Throws ConfigError naming the
 // key and the rejected value.
 void validate(const Config& cfg);
+// Keys whose value would have no effect in this configuration (a mode's
+// key with the mode off, another task's key), each with the error that
+// names it: validate() refuses the first.
+std::vector<std::pair<std::string, std::string>> inert_keys(const Config& cfg);
+// A resume: the checkpoint's keys (not in `given`) that the new
+// configuration leaves without effect go back to their defaults; one note
+// each.
+std::vector<std::string> reset_inert_keys(Config& cfg, const std::set<std::string>& given);
+
 // What needs the world's size as well (once it is known: by the launcher
 // before it starts ranks, by each rank of a fixed world): one shard weight
 // per rank, a world that the shard replicas divide. ConfigError naming the key.
@@ -222,6 +232,9 @@ class ConfigBinding {
 
   // The fully resolved config as TOML, every key present.
   std::string to_toml() const;
+
+  // The keys set so far (on the command line, by apply_file).
+  std::set<std::string> given() const;
 
   // Every key, `section.key`, in declaration order.
   std::vector<std::string> keys() const;

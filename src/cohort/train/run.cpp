@@ -57,9 +57,11 @@ RunOptions plan_training(const TrainRequest& request, ConfigBinding& binding, Co
   if (!request.config_path.empty()) binding.apply_file(request.config_path);
   std::string saved_config;
   if (const ResolvedCheckpoint* from = run.checkpoint()) {
+    const std::set<std::string> given = binding.given();
     std::string path = from->file("config.toml");
     binding.apply_file(path);  // the base under --config and flags
     saved_config = read_file(path);
+    for (auto& note : reset_inert_keys(cfg, given)) run.notes.push_back(note);
   }
   validate(cfg);
   run.config_toml = binding.to_toml();
