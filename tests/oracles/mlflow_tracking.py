@@ -195,29 +195,37 @@ print("3. resume: the same run goes on to step %d" % max(steps))
 
 # --- 4. the server dies mid-run -----------------------------------------------------
 gate = os.path.join(HOME, "gate")
-with open(gate, "w") as f:
-    f.write("10")
-killed = os.path.join(HOME, "killed")
-img = ["--config", os.path.join(SOURCE, "examples/fashion-mnist.toml"), "--model.name", "mlp", "--train.max-steps", "30",
-       "--log.every-steps", "5", "--eval.every-steps", "10", "--eval.max-samples", "200", "--data.global-batch", "32",
-       "--log.tensorboard=false", "--quiet", "--out", killed]
-job = subprocess.Popen([COHORT, "train"] + img + track + ["--log.mlflow-run-name", "killed"],
-                       env=dict(os.environ, COHORT_DEBUG_GATE=gate), stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True)
-# The event: the job is held before step 11 and the server has every value so far.
-deadline = time.time() + 600
-while True:
-    if job.poll() is not None:
-        fail("the job ended early: %s" % (job.communicate(),))
-    if os.path.exists(os.path.join(killed, "mlflow.json")) and os.path.exists(os.path.join(killed, "metrics.jsonl")):
-        rid = json.load(open(os.path.join(killed, "mlflow.json")))["run_id"]
-        want = expected(killed)
-        if any(s == 10 for s, _ in want.get("test/loss", [])):
-            got = history(client, rid, want)
-            if all(same(sorted(want[k]), got[k]) for k in want):
-                break
-    check(time.time() < deadline, "the server never had steps 1-10")
-    time.sleep(0.2)
+
+
+def held_job(name, server, client):
+    """A fashion-mnist run of 30 steps tracked on `server`, held before step
+    11 (COHORT_DEBUG_GATE) once the server has every value so far (the
+    event). Returns the process, its run dir and its MLflow run id."""
+    with open(gate, "w") as f:
+        f.write("10")
+    out = os.path.join(HOME, name)
+    args = ["--config", os.path.join(SOURCE, "examples/fashion-mnist.toml"), "--model.name", "mlp",
+            "--train.max-steps", "30", "--log.every-steps", "5", "--eval.every-steps", "10", "--eval.max-samples", "200",
+            "--data.global-batch", "32", "--log.tensorboard=false", "--quiet", "--out", out,
+            "--log.mlflow", server.uri, "--log.mlflow-experiment", "cohort-oracle", "--log.mlflow-run-name", name]
+    job = subprocess.Popen([COHORT, "train"] + args, env=dict(os.environ, COHORT_DEBUG_GATE=gate),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 600
+    while True:
+        if job.poll() is not None:
+            fail("the job ended early: %s" % (job.communicate(),))
+        if os.path.exists(os.path.join(out, "mlflow.json")) and os.path.exists(os.path.join(out, "metrics.jsonl")):
+            rid = json.load(open(os.path.join(out, "mlflow.json")))["run_id"]
+            want = expected(out)
+            if any(s == 10 for s, _ in want.get("test/loss", [])):
+                got = history(client, rid, want)
+                if all(same(sorted(want[k]), got[k]) for k in want):
+                    return job, out, rid
+        check(time.time() < deadline, "the server never had steps 1-10")
+        time.sleep(0.2)
+
+
+job, killed, rid = held_job("killed", server, client)
 sent_before = sum(len(v) for v in expected(killed).values())
 server.kill()
 with open(gate, "w") as f:
@@ -254,27 +262,7 @@ server.kill()
 # answered (it may): after SIGCONT the store holds every value in between.
 server = Server("server-hung")
 client = MlflowClient(server.uri)
-with open(gate, "w") as f:
-    f.write("10")
-hung = os.path.join(HOME, "hung")
-img_hung = [a if a != killed else hung for a in img]
-job = subprocess.Popen([COHORT, "train"] + img_hung + ["--log.mlflow", server.uri, "--log.mlflow-experiment",
-                                                       "cohort-oracle", "--log.mlflow-run-name", "hung"],
-                       env=dict(os.environ, COHORT_DEBUG_GATE=gate), stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True)
-deadline = time.time() + 600
-while True:
-    if job.poll() is not None:
-        fail("the job ended early: %s" % (job.communicate(),))
-    if os.path.exists(os.path.join(hung, "mlflow.json")) and os.path.exists(os.path.join(hung, "metrics.jsonl")):
-        rid = json.load(open(os.path.join(hung, "mlflow.json")))["run_id"]
-        want = expected(hung)
-        if any(s == 10 for s, _ in want.get("test/loss", [])):
-            got = history(client, rid, want)
-            if all(same(sorted(want[k]), got[k]) for k in want):
-                break
-    check(time.time() < deadline, "the server never had steps 1-10")
-    time.sleep(0.2)
+job, hung, rid = held_job("hung", server, client)
 os.killpg(server.proc.pid, signal.SIGSTOP)
 with open(gate, "w") as f:
     f.write("1000")

@@ -123,8 +123,9 @@ class Train : public Command {
     Env env = process_env();
     request_.generation = env.count("COHORT_GENERATION") ? std::stoi(env["COHORT_GENERATION"]) : 0;
     request_.job_id = RunDirLock::job_id_from(env);
+    auto spec = detect_rank_spec(env, dist_.launch.init_method);
     request_.starts_job = request_.job_id.empty() && !env.count("COHORT_RANK") && dist_.launch.nnodes == 1 &&
-                          dist_.launch.min_nodes == 0 && !detect_rank_spec(env, dist_.launch.init_method);
+                          dist_.launch.min_nodes == 0 && !spec;
     RunOptions run = plan_training(request_, *binding_, cfg_);
     run.quiet = quiet_;
     // mpirun hands every rank a terminal, and its log then fills with the
@@ -135,7 +136,6 @@ class Train : public Command {
     dist_.complete(cfg_, request_.generation);
     install_stop_handlers();
     dist_.comm.interrupted = [] { return stop_requested(); };
-    auto spec = detect_rank_spec(env, dist_.launch.init_method);
     auto per_world = [&](const World& world, RunOptions& r) {
       configure_process(cfg_.train, world);
       r.at = debug_hook(env, world.rank);

@@ -829,6 +829,7 @@ struct InertRule {
   const char* key;
   std::function<bool(const Config&)> inert;  // set away from its default, its mode off
   std::function<void(Config&)> reset;        // back to the default
+  std::function<std::string(const Config&)> value;  // as an error shows it
   const char* why;
 };
 
@@ -841,58 +842,63 @@ const std::vector<InertRule>& inert_rules() {
                            "local, or drop the key";
   static const std::vector<InertRule> rules = {
       {"dist.shard-replicas", [](const Config& c) { return c.dist.shard == ShardMode::kNone && c.dist.shard_replicas != dist.shard_replicas; },
-       [](Config& c) { c.dist.shard_replicas = dist.shard_replicas; }, unsharded},
+       [](Config& c) { c.dist.shard_replicas = dist.shard_replicas; },
+       [](const Config& c) { return std::to_string(c.dist.shard_replicas); }, unsharded},
       {"dist.shard-weights", [](const Config& c) { return c.dist.shard == ShardMode::kNone && c.dist.shard_weights != dist.shard_weights; },
-       [](Config& c) { c.dist.shard_weights = dist.shard_weights; }, unsharded},
+       [](Config& c) { c.dist.shard_weights = dist.shard_weights; },
+       [](const Config& c) { return c.dist.shard_weights; }, unsharded},
       {"optim.outer-lr", [](const Config& c) { return c.dist.sync == SyncMode::kStep && c.optim.outer_lr != optim.outer_lr; },
-       [](Config& c) { c.optim.outer_lr = optim.outer_lr; }, every_step},
+       [](Config& c) { c.optim.outer_lr = optim.outer_lr; },
+       [](const Config& c) { return detail::cat(c.optim.outer_lr); }, every_step},
       {"optim.outer-momentum", [](const Config& c) { return c.dist.sync == SyncMode::kStep && c.optim.outer_momentum != optim.outer_momentum; },
-       [](Config& c) { c.optim.outer_momentum = optim.outer_momentum; }, every_step},
+       [](Config& c) { c.optim.outer_momentum = optim.outer_momentum; },
+       [](const Config& c) { return detail::cat(c.optim.outer_momentum); }, every_step},
       {"dist.local-steps", [](const Config& c) { return c.dist.sync == SyncMode::kStep && c.dist.local_steps != dist.local_steps; },
-       [](Config& c) { c.dist.local_steps = dist.local_steps; }, every_step},
+       [](Config& c) { c.dist.local_steps = dist.local_steps; },
+       [](const Config& c) { return std::to_string(c.dist.local_steps); }, every_step},
   };
   return rules;
 }
 
-// The value of `key` as an error shows it.
-std::string value_of(const Config& c, const std::string& key) {
-  if (key == "dist.shard-replicas") return std::to_string(c.dist.shard_replicas);
-  if (key == "dist.shard-weights") return c.dist.shard_weights;
-  if (key == "optim.outer-lr") return detail::cat(c.optim.outer_lr);
-  if (key == "optim.outer-momentum") return detail::cat(c.optim.outer_momentum);
-  if (key == "dist.local-steps") return std::to_string(c.dist.local_steps);
-  auto it = c.task.find(key);
-  return it == c.task.end() ? std::string() : shown(it->second);
+// A key that would be ignored: its error, and how to put it back.
+struct Inert {
+  std::string key, error, value;
+  std::function<void(Config&)> reset;
+};
+
+std::vector<Inert> find_inert(const Config& c) {
+  std::vector<Inert> out;
+  for (const auto& r : inert_rules()) {
+    if (!r.inert(c)) continue;
+    std::string value = r.value(c);
+    out.push_back({r.key, detail::cat(r.key, " ", r.why, " (got ", value, ")"), value, r.reset});
+  }
+  // Another task's key, away from its default.
+  for (const auto& k : declared_task_keys()) {
+    auto it = c.task.find(k.name);
+    if (k.task.empty() || k.task == c.train.task || it == c.task.end() || it->second == k.value) continue;
+    const std::string name = k.name, value = shown(it->second);
+    out.push_back({name, detail::cat(name, " applies to train.task ", k.task, "; this run's task is ", c.train.task,
+                                     ", which does not read it (got ", value, "): drop the key"),
+                   value, [name](Config& cfg) { cfg.task.erase(name); }});
+  }
+  return out;
 }
 
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> inert_keys(const Config& c) {
   std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& r : inert_rules()) {
-    if (r.inert(c)) out.emplace_back(r.key, detail::cat(r.key, " ", r.why, " (got ", value_of(c, r.key), ")"));
-  }
-  // Another task's key, away from its default.
-  for (const auto& k : declared_task_keys()) {
-    auto it = c.task.find(k.name);
-    if (k.task.empty() || k.task == c.train.task || it == c.task.end() || it->second == k.value) continue;
-    out.emplace_back(k.name, detail::cat(k.name, " applies to train.task ", k.task, "; this run's task is ",
-                                         c.train.task, ", which does not read it (got ", shown(it->second),
-                                         "): drop the key"));
-  }
+  for (const auto& i : find_inert(c)) out.emplace_back(i.key, i.error);
   return out;
 }
 
 std::vector<std::string> reset_inert_keys(Config& c, const std::set<std::string>& given) {
   std::vector<std::string> notes;
-  for (const auto& [key, why] : inert_keys(c)) {
-    if (given.count(key)) continue;
-    notes.push_back(detail::cat(key, " = ", value_of(c, key), " from the checkpoint has no effect now: back to its default"));
-    bool reset = false;
-    for (const auto& r : inert_rules()) {
-      if (key == r.key) r.reset(c), reset = true;
-    }
-    if (!reset) c.task.erase(key);
+  for (const auto& i : find_inert(c)) {
+    if (given.count(i.key)) continue;
+    notes.push_back(detail::cat(i.key, " = ", i.value, " from the checkpoint has no effect now: back to its default"));
+    i.reset(c);
   }
   return notes;
 }
@@ -1000,9 +1006,9 @@ void validate(const Config& c) {
   require(c.model.attention_dropout >= 0 && c.model.attention_dropout < 1, "model.attention-dropout",
           c.model.attention_dropout, "must be in [0, 1)");
   for (const auto& k : declared_task_keys()) {
+    if (!k.problem) continue;
     auto it = c.task.find(k.name);
     const TaskValue& value = it != c.task.end() ? it->second : k.value;
-    if (!k.problem) continue;
     std::string why = k.problem(value);
     COHORT_CHECK(why.empty(), ConfigError, k.name, " ", why, " (got ", shown(value), ")");
   }

@@ -41,7 +41,7 @@ torch::Tensor LocalSync::flat_params() const {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> parts;
   for (const auto& p : params_) parts.push_back(p.detach().reshape({-1}).to(torch::kFloat32));
-  return parts.empty() ? torch::zeros({0}) : torch::cat(parts);  // on the parameters' device
+  return parts.empty() ? torch::zeros({0}) : torch::cat(parts);
 }
 
 void LocalSync::set_params(const torch::Tensor& flat) {

@@ -621,10 +621,9 @@ bool MlflowReporter::Shared::settle(const Job& job, const Outcome& outcome, doub
   if (job.kind == Job::kConnect) {
     if (error.empty()) connected = true;
     if (!error.empty() && stopping) return false;  // no run: everything queued stays unsent
-  } else {
-    if (job.kind == Job::kMetrics && outcome.unanswered) unanswered_front = std::max(unanswered_front, job.batch.size());
-    if (job.kind == Job::kStatus && outcome.unanswered) status_unanswered = true;
   }
+  if (outcome.unanswered && job.kind == Job::kMetrics) unanswered_front = std::max(unanswered_front, job.batch.size());
+  if (outcome.unanswered && job.kind == Job::kStatus) status_unanswered = true;
   if (job.kind != Job::kConnect && (error.empty() || give_up)) {
     if (job.kind == Job::kMetrics) {
       const size_t maybe = std::min(unanswered_front, job.batch.size());
