@@ -182,3 +182,39 @@ TEST(DiskFull, ARestartRemovesThePartialCheckpointThatFilledTheDisk) {
   EXPECT_EQ(read_file(run + "/checkpoints/latest"), "step-2\n");
   EXPECT_FALSE(fs::exists(run + "/.lock")) << "released at the end";
 }
+
+// Issue 46: a full disk in a sharded run (2 ranks, dist.shard optimizer)
+// printed 3 lines, the last "rank 0 ... exited with code 1; stopped the
+// other 1 rank(s)": the cause was in another line. Now every rank's line
+// carries the failed rank's error, and the launcher's last line does too:
+// the file that could not be written and the checkpoint that is intact.
+TEST(DiskFull, AShardedRunsLastLineNamesTheCauseAndTheIntactCheckpoint) {
+  TempDir tmp;
+  SmallDisk disk(tmp, 8 << 20);
+  if (!disk.mounted()) GTEST_SKIP() << "needs root to mount a tmpfs";
+  cohort::test::write_tiny_dataset(tmp, 16);
+  const std::string run = disk.path() + "/run";
+  const std::string sharded = " --optim.name adamw --dist.shard optimizer --nproc-per-node 2 --oversubscribe ";
+  auto first = run_cohort("train" + kTiny + sharded + "--train.max-steps 1 --data.path " + tmp.path() + " --out " + run);
+  ASSERT_EQ(first.code, 0) << first.err;
+  const long range = static_cast<long>(fs::file_size(run + "/checkpoints/step-1/optimizer.shard-0.safetensors"));
+  // Room for the small files and one range, not for both.
+  ASSERT_TRUE(disk.fill_leaving((range / disk.page() + 16) * disk.page()));
+  auto r = run_cohort("train --resume " + run + sharded + "--train.max-steps 2 --quiet");
+  EXPECT_EQ(r.code, 1) << r.err;
+  auto lines = cohort::test::lines_of(r.err);
+  ASSERT_FALSE(lines.empty());
+  const std::string& last = lines.back();
+  EXPECT_EQ(last.rfind("cohort: error: rank ", 0), 0u) << r.err;
+  EXPECT_NE(last.find("stopped the other 1 rank(s)"), std::string::npos) << r.err;
+  EXPECT_NE(last.find(".safetensors: write failed (No space left on device)"), std::string::npos) << r.err;
+  EXPECT_NE(last.find("checkpoint step-2 was not written; step-1 is intact and still the latest"), std::string::npos)
+      << r.err;
+  for (const auto& line : lines) {  // no line without the cause
+    if (line.rfind("cohort: error: ", 0) == 0) {
+      EXPECT_NE(line.find("No space left on device"), std::string::npos) << r.err;
+    }
+  }
+  EXPECT_EQ(read_file(run + "/checkpoints/latest"), "step-1\n");
+  EXPECT_NO_THROW(cohort::Checkpoints::verify(run + "/checkpoints/step-1"));
+}

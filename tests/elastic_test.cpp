@@ -43,6 +43,17 @@ std::string device_flags() {
   return cuda && std::string(cuda) == "1" ? " --train.device cuda --dist.backend gloo" : "";
 }
 
+// Waits for `ready`, or for `job` to end first (then false). No limit of
+// the test's own: the job's timeouts (dist.timeout, heartbeats) end it
+// however busy the machine is, and ctest's TIMEOUT bounds a broken build.
+bool once(const std::function<bool()>& ready, Background& job) {
+  while (!ready()) {
+    if (job.ended()) return ready();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
 bool reached_step(const std::string& metrics, int64_t step) {
   for (const auto& j : lines_of_kind(metrics, "train")) {
     if (j["step"].get<int64_t>() >= step) return true;
@@ -125,11 +136,11 @@ void lose_host_two(const NetnsHosts& net, const TempDir& tmp, const std::string&
   Background h0(launcher(net, 0, args), tmp, "h0"), h1(launcher(net, 1, args), tmp, "h1"),
       h2(launcher(net, 2, args), tmp, "h2");
   const std::string metrics = tmp / "run/metrics.jsonl";
-  ASSERT_TRUE(wait_until([&] { return reached_step(metrics, 10); }, 90s)) << h0.err() << h2.err();
+  ASSERT_TRUE(once([&] { return reached_step(metrics, 10); }, h0)) << h0.err() << h2.err();
   kill(h2.pid(), SIGKILL);
   h2.wait(10s);
-  ASSERT_EQ(h0.wait(120s), 0) << h0.err();
-  ASSERT_EQ(h1.wait(30s), 0) << h1.err();
+  ASSERT_EQ(h0.wait_exit(), 0) << h0.err();
+  ASSERT_EQ(h1.wait_exit(), 0) << h1.err();
   if (out0) *out0 = h0.out();
 }
 
@@ -235,15 +246,15 @@ TEST(Elastic, HostJoinsMidRunAndTheWorldGrowsBack) {
   Background h0(launcher(net, 0, args), tmp, "h0"), h1(launcher(net, 1, args), tmp, "h1");
   auto h2 = std::make_unique<Background>(launcher(net, 2, args), tmp, "h2");
   const std::string metrics = tmp / "run/metrics.jsonl";
-  ASSERT_TRUE(wait_until([&] { return reached_step(metrics, 10); }, 90s)) << h0.err();
+  ASSERT_TRUE(once([&] { return reached_step(metrics, 10); }, h0)) << h0.err();
   kill(h2->pid(), SIGKILL);
   h2->wait(10s);
-  ASSERT_TRUE(wait_until([&] { return !lines_of_kind(metrics, "membership").empty(); }, 60s))
+  ASSERT_TRUE(once([&] { return !lines_of_kind(metrics, "membership").empty(); }, h0))
       << "node 0:\n" << h0.err() << "node 1:\n" << h1.err();
   Background again(launcher(net, 2, args), tmp, "h2-again");
-  ASSERT_EQ(h0.wait(180s), 0) << h0.err();
-  ASSERT_EQ(h1.wait(30s), 0) << h1.err();
-  ASSERT_EQ(again.wait(30s), 0) << again.err();
+  ASSERT_EQ(h0.wait_exit(), 0) << h0.err();
+  ASSERT_EQ(h1.wait_exit(), 0) << h1.err();
+  ASSERT_EQ(again.wait_exit(), 0) << again.err();
 
   auto changes = lines_of_kind(metrics, "membership");
   ASSERT_EQ(changes.size(), 2u) << read_file(metrics);
@@ -267,15 +278,15 @@ TEST(Elastic, StalledRankIsLeftBehind) {
   auto start = [&](int node) { return loopback_node(tmp, args, node); };
   auto n0 = start(0), n1 = start(1), n2 = start(2);
   const std::string metrics = tmp / "run/metrics.jsonl";
-  ASSERT_TRUE(wait_until([&] { return reached_step(metrics, 10); }, 90s)) << n0->err();
+  ASSERT_TRUE(once([&] { return reached_step(metrics, 10); }, *n0)) << n0->err();
   pid_t worker = only_child(n2->pid());  // node 2's worker
   ASSERT_GT(worker, 0);
   // A peer's death must fail a collective, not kill the rank writing to it:
   // Gloo writes into sockets the peer has reset, so ranks ignore SIGPIPE.
   EXPECT_TRUE(ignores(worker, SIGPIPE));
   kill(worker, SIGSTOP);
-  ASSERT_EQ(n0->wait(120s), 0) << n0->err();
-  ASSERT_EQ(n1->wait(30s), 0) << n1->err();
+  ASSERT_EQ(n0->wait_exit(), 0) << n0->err();
+  ASSERT_EQ(n1->wait_exit(), 0) << n1->err();
   kill(worker, SIGKILL);
   auto changes = lines_of_kind(metrics, "membership");
   ASSERT_EQ(changes.size(), 1u) << read_file(metrics);
@@ -297,10 +308,10 @@ TEST(Elastic, FewerThanMinNodesFallsBackToTheLauncher) {
       port, tmp.path().c_str(), (tmp / "run").c_str());
   Background n0(std::string("env COHORT_DEBUG_DELAY=0:60 ") + COHORT_BIN + args + " --node-rank 0", tmp, "n0");
   Background n1(std::string("env COHORT_DEBUG_DELAY=0:60 ") + COHORT_BIN + args + " --node-rank 1", tmp, "n1");
-  ASSERT_TRUE(wait_until([&] { return reached_step(tmp / "run/metrics.jsonl", 5); }, 90s)) << n0.err();
+  ASSERT_TRUE(once([&] { return reached_step(tmp / "run/metrics.jsonl", 5); }, n0)) << n0.err();
   kill(n1.pid(), SIGKILL);
   auto t0 = Clock::now();
-  EXPECT_EQ(n0.wait(60s), 1) << n0.err();
+  EXPECT_EQ(n0.wait_exit(), 1) << n0.err();
   EXPECT_LT(Clock::now() - t0, 30s);
   EXPECT_NE(n0.err().find("fewer than --min-nodes 2"), std::string::npos) << n0.err();
 }
@@ -335,9 +346,9 @@ TEST(Elastic, MultiRankNodeIsLostAsAWhole) {
   Background n0(std::string("env COHORT_DEBUG_DELAY=0:60 ") + COHORT_BIN + args + " --node-rank 0", tmp, "n0");
   Background n1(std::string("env COHORT_DEBUG_DELAY=0:60 ") + COHORT_BIN + args + " --node-rank 1", tmp, "n1");
   const std::string metrics = tmp / "run/metrics.jsonl";
-  ASSERT_TRUE(wait_until([&] { return reached_step(metrics, 10); }, 90s)) << n0.err();
+  ASSERT_TRUE(once([&] { return reached_step(metrics, 10); }, n0)) << n0.err();
   kill(n1.pid(), SIGKILL);
-  ASSERT_EQ(n0.wait(120s), 0) << n0.err();
+  ASSERT_EQ(n0.wait_exit(), 0) << n0.err();
   auto changes = lines_of_kind(metrics, "membership");
   ASSERT_EQ(changes.size(), 1u) << read_file(metrics);
   EXPECT_EQ(changes[0]["world_size"], 2);
@@ -363,14 +374,14 @@ TEST(Elastic, NewcomersTheJobCannotTakeAreKeptOut) {
   };
   auto n0 = node(0, "", "n0"), n1 = node(1, "", "n1");
   const std::string metrics = tmp / "run/metrics.jsonl";
-  ASSERT_TRUE(wait_until([&] { return reached_step(metrics, 5); }, 90s)) << n0->err();
+  ASSERT_TRUE(once([&] { return reached_step(metrics, 5); }, *n0)) << n0->err();
   auto other_config = run_cohort(args + " --optim.lr 0.5 --node-rank 1");
   EXPECT_EQ(other_config.code, 2) << other_config.err;
   EXPECT_NE(other_config.err.find("another shared config"), std::string::npos) << other_config.err;
   auto extra = node(1, "", "extra");
-  ASSERT_EQ(n0->wait(120s), 0) << n0->err();
-  ASSERT_EQ(n1->wait(30s), 0) << n1->err();
-  EXPECT_EQ(extra->wait(30s), 0) << extra->err();
+  ASSERT_EQ(n0->wait_exit(), 0) << n0->err();
+  ASSERT_EQ(n1->wait_exit(), 0) << n1->err();
+  EXPECT_EQ(extra->wait_exit(), 0) << extra->err();
   EXPECT_NE(extra->err().find("the job finished before this process could join it"), std::string::npos)
       << extra->err();
   EXPECT_TRUE(lines_of_kind(metrics, "membership").empty()) << read_file(metrics);
@@ -388,13 +399,13 @@ TEST(Elastic, NodeZerosRankIsLostAndItsStoreStays) {
   auto start = [&](int node) { return loopback_node(tmp, args, node); };
   auto n0 = start(0), n1 = start(1), n2 = start(2);
   const std::string metrics = tmp / "run/metrics.jsonl";
-  ASSERT_TRUE(wait_until([&] { return reached_step(metrics, 10); }, 90s)) << n0->err();
+  ASSERT_TRUE(once([&] { return reached_step(metrics, 10); }, *n0)) << n0->err();
   pid_t worker = only_child(n0->pid());  // node 0's worker
   ASSERT_GT(worker, 0);
   kill(worker, SIGKILL);
-  ASSERT_EQ(n1->wait(120s), 0) << n1->err();
-  ASSERT_EQ(n2->wait(30s), 0) << n2->err();
-  EXPECT_EQ(n0->wait(30s), 1) << n0->err();
+  ASSERT_EQ(n1->wait_exit(), 0) << n1->err();
+  ASSERT_EQ(n2->wait_exit(), 0) << n2->err();
+  EXPECT_EQ(n0->wait_exit(), 1) << n0->err();
   EXPECT_NE(n0->err().find("hosting the rendezvous store until the others finish"), std::string::npos) << n0->err();
   auto changes = lines_of_kind(metrics, "membership");
   ASSERT_EQ(changes.size(), 1u) << read_file(metrics);
@@ -434,7 +445,7 @@ TEST_P(ElasticLoss, TheStepInFlightKeepsItsRecords) {
   std::string survivors_out;
   for (int n = 0; n < 3; ++n) {
     if (n == lost.rank) continue;
-    ASSERT_EQ(nodes[static_cast<size_t>(n)]->wait(180s), 0) << nodes[static_cast<size_t>(n)]->err();
+    ASSERT_EQ(nodes[static_cast<size_t>(n)]->wait_exit(), 0) << nodes[static_cast<size_t>(n)]->err();
     survivors_out += nodes[static_cast<size_t>(n)]->out() + nodes[static_cast<size_t>(n)]->err();
   }
   const std::string metrics = tmp / "run/metrics.jsonl";
@@ -488,7 +499,7 @@ TEST_P(ElasticShards, ReplicasGoOnFromMemory) {
   const std::string die = cohort::strf("env COHORT_DEBUG_DELAY=0:30 COHORT_DEBUG_DIE=2:12:%s ", GetParam());
   Background h0(net.on(0, die + COHORT_BIN + args + " --node-rank 0"), tmp, "h0");
   Background h1(net.on(1, die + COHORT_BIN + args + " --node-rank 1"), tmp, "h1");
-  ASSERT_EQ(h0.wait(180s), 0) << h0.err();
+  ASSERT_EQ(h0.wait_exit(), 0) << h0.err();
   h1.wait(30s);
   const std::string metrics = tmp / "run/metrics.jsonl";
   auto changes = lines_of_kind(metrics, "membership");
@@ -523,7 +534,7 @@ TEST(Elastic, LostShardComesFromTheCheckpoint) {
   const std::string die = "env COHORT_DEBUG_DIE=2:12:forward ";
   Background n0(die + COHORT_BIN + args + " --node-rank 0", tmp, "n0");
   Background n1(die + COHORT_BIN + args + " --node-rank 1", tmp, "n1");
-  ASSERT_EQ(n0.wait(180s), 0) << n0.err();
+  ASSERT_EQ(n0.wait_exit(), 0) << n0.err();
   n1.wait(30s);
   const std::string metrics = tmp / "run/metrics.jsonl";
   auto changes = lines_of_kind(metrics, "membership");

@@ -10,6 +10,7 @@
 #include <cctype>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -33,6 +34,14 @@ int fail(const std::string& msg, int code) {
     if (c == '\n') c = ' ';
   }
   std::fprintf(stderr, "cohort: error: %s\n", line.c_str());
+  // A launched worker also leaves the line for its launcher, which names
+  // it in its own last line.
+  if (const char* file = std::getenv("COHORT_ERROR_FILE"); file && *file) {
+    if (std::FILE* f = std::fopen(file, "w")) {
+      std::fprintf(f, "%s\n", line.c_str());
+      std::fclose(f);
+    }
+  }
   return code;
 }
 

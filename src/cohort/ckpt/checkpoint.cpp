@@ -56,6 +56,14 @@ std::vector<std::string> Checkpoints::remove_partial(const std::string& run_dir)
   return removed;
 }
 
+std::string Checkpoints::not_written(int64_t step) const {
+  std::string latest;
+  std::ifstream in(fs::path(root_) / "latest");
+  std::getline(in, latest);
+  return detail::cat("checkpoint ", dir_name(step), " was not written",
+                     latest.empty() ? std::string() : "; " + latest + " is intact and still the latest");
+}
+
 std::string Checkpoints::temp_dir(int64_t step) const { return (fs::path(root_) / (".tmp-" + dir_name(step))).string(); }
 
 std::string Checkpoints::begin(int64_t step) {
@@ -131,12 +139,7 @@ std::string Checkpoints::write(const CheckpointState& state, const NamedTensors&
     // `latest` still names the previous one, which is untouched.
     std::error_code ignored;
     fs::remove_all(tmp, ignored);
-    std::string latest;
-    std::ifstream in(fs::path(root_) / "latest");
-    std::getline(in, latest);
-    throw Error(detail::cat(e.what(), "; checkpoint ", dir_name(state.step), " was not written",
-                            latest.empty() ? std::string() : "; " + latest + " is intact and still the latest"),
-                e.exit_code());
+    throw Error(detail::cat(e.what(), "; ", not_written(state.step)), e.exit_code());
   } catch (...) {  // c10::Error, bad_alloc: the partial checkpoint goes too
     std::error_code ignored;
     fs::remove_all(tmp, ignored);

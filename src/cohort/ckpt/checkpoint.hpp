@@ -106,6 +106,9 @@ class Checkpoints {
   std::string temp_dir(int64_t step) const;
   // Removes temp_dir(step) after a failed begin()..write().
   void abandon(int64_t step) const;
+  // What a failed write of step-N leaves: "checkpoint step-N was not
+  // written; step-M is intact and still the latest".
+  std::string not_written(int64_t step) const;
 
   // Removes the partial checkpoints of `run_dir` (checkpoints/.tmp-step-N/
   // and *.tmp files: writes a crash or a full disk interrupted). Returns

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -375,6 +376,7 @@ class Supervisor {
              const std::vector<std::string>& argv, Env base_env, std::string job_id);
   Supervisor(const Supervisor&) = delete;
   Supervisor& operator=(const Supervisor&) = delete;
+  ~Supervisor();
 
   // Runs the workers to completion; returns the exit code for main.
   int run();
@@ -400,6 +402,7 @@ class Supervisor {
   void signal_all(int sig);
   int report_failure() const;
   int report_interrupt() const;
+  std::string error_file(const Worker& w) const;
 
   const LaunchOptions& o_;
   const Plan& plan_;
@@ -422,6 +425,9 @@ class Supervisor {
   int superseded_by_ = -1;  // a newer generation another node started
   int incarnation_ = 0;     // elastic: this node's joins, for its node key
   Clock::time_point done_seen_ = Clock::time_point::max();  // elastic: when the job was seen finished
+  // COHORT_ERROR_FILE: where each worker leaves its error line, so that the
+  // launcher's last line can say what went wrong. Removed at the end.
+  std::string error_dir_;
 };
 
 Supervisor::Supervisor(const LaunchOptions& o, const Plan& plan, const BlockedSignals& signals,
@@ -438,6 +444,18 @@ Supervisor::Supervisor(const LaunchOptions& o, const Plan& plan, const BlockedSi
       job_generation_(plan.store) {
   for (auto& a : argv_copy_) args_.push_back(a.data());
   args_.push_back(nullptr);
+  char dir[] = "/tmp/cohort-errors-XXXXXX";
+  if (mkdtemp(dir) != nullptr) error_dir_ = dir;  // else the last line goes without the cause
+}
+
+Supervisor::~Supervisor() {
+  if (error_dir_.empty()) return;
+  std::error_code ec;
+  std::filesystem::remove_all(error_dir_, ec);
+}
+
+std::string Supervisor::error_file(const Worker& w) const {
+  return error_dir_.empty() ? std::string() : detail::cat(error_dir_, "/rank-", w.rank);
 }
 
 int Supervisor::run() {
@@ -537,6 +555,10 @@ Env Supervisor::worker_env(int generation, const Worker& w) const {
   env["COHORT_INIT_METHOD"] = plan_.init;
   env["COHORT_GENERATION"] = std::to_string(generation);
   env["COHORT_JOB_ID"] = job_id_;
+  if (!error_dir_.empty()) {
+    env["COHORT_ERROR_FILE"] = error_file(w);
+    ::unlink(error_file(w).c_str());  // a previous generation's
+  }
   if (elastic_) {
     ElasticOptions eo;
     eo.nnodes = o_.nnodes;
@@ -683,9 +705,16 @@ int Supervisor::report_failure() const {
                  failed_->rank, describe_status(failed_->status).c_str());
     return 1;
   }
-  std::fprintf(stderr, "cohort: error: rank %d (node %d, local rank %d, pid %d) %s; stopped the other %d rank(s) "
+  // The worker's own error line, when it left one: the cause, last.
+  std::string cause;
+  if (std::ifstream in(error_file(*failed_)); in && std::getline(in, cause) && !cause.empty()) {
+    const std::string self = detail::cat("rank ", failed_->rank, ": ");
+    if (cause.rfind(self, 0) == 0) cause.erase(0, self.size());  // named already
+    cause = ": " + cause;
+  }
+  std::fprintf(stderr, "cohort: error: rank %d (node %d, local rank %d, pid %d) %s%s; stopped the other %d rank(s) "
                "on this node\n", failed_->rank, o_.node_rank, failed_->local_rank, static_cast<int>(failed_->pid),
-               describe_status(failed_->status).c_str(), o_.nproc_per_node - 1);
+               describe_status(failed_->status).c_str(), cause.c_str(), o_.nproc_per_node - 1);
   return WIFEXITED(failed_->status) && WEXITSTATUS(failed_->status) == 2 ? 2 : 1;
 }
 

@@ -65,8 +65,12 @@ void Keeper::write_ranges(const ShardedOptimizer& shards, CheckpointState& recor
     on_each_then_agree(comm_, "checkpoint range write", [&] {
       if (!layout.primary(comm_.rank())) return;
       std::string path = checkpoints_.temp_dir(state_.step) + "/" + ShardRecord::file(shards.group());
-      save_safetensors(path, shards.range_state(),
-                       {{"lo", std::to_string(shards.lo())}, {"hi", std::to_string(shards.hi())}});
+      try {
+        save_safetensors(path, shards.range_state(),
+                         {{"lo", std::to_string(shards.lo())}, {"hi", std::to_string(shards.hi())}});
+      } catch (const Error& e) {  // a full disk: as a whole checkpoint's failed write says it
+        throw Error(detail::cat(e.what(), "; ", checkpoints_.not_written(state_.step)), e.exit_code());
+      }
     });
   } catch (...) {
     if (comm_.world().is_main()) checkpoints_.abandon(state_.step);

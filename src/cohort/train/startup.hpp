@@ -22,48 +22,65 @@ namespace cohort {
 // rank fails now (rank 0 with its own error, the others with its exit code)
 // instead of waiting out dist.timeout in the next collective.
 namespace detail {
-// Runs `fn`; on an exception keeps it in `error` and returns its exit code.
+// Runs `fn`; on an exception keeps it in `error` and its message in
+// `message`, and returns its exit code.
 template <class Fn>
-int run_keeping_error(Fn& fn, std::exception_ptr& error) {
+int run_keeping_error(Fn& fn, std::exception_ptr& error, std::string& message) {
   try {
     fn();
     return 0;
   } catch (const Error& e) {
     error = std::current_exception();
+    message = e.what();
     return e.exit_code();
+  } catch (const std::exception& e) {
+    error = std::current_exception();
+    message = e.what();
+    return 1;
   } catch (...) {
     error = std::current_exception();
     return 1;
   }
 }
+
 }  // namespace detail
 
 template <class Fn>
 void on_main_then_agree(Comm& comm, const char* what, Fn fn) {
   std::exception_ptr error;
+  std::string message;
   // rank 0's exit code: every rank exits with it
-  int code = comm.world().is_main() ? detail::run_keeping_error(fn, error) : 0;
+  int code = comm.world().is_main() ? detail::run_keeping_error(fn, error, message) : 0;
   double failed = comm.all_reduce_sum(std::vector<double>{static_cast<double>(code)}, what)[0];
+  if (failed == 0) return;
+  comm.broadcast_bytes(message, 0, what);
   if (error) std::rethrow_exception(error);
-  if (failed != 0) throw Error(detail::cat("rank 0 failed in the ", what, "; its error says why"), static_cast<int>(failed));
+  throw Error(message.empty() ? detail::cat("rank 0 failed in the ", what)
+                              : message.rfind("rank ", 0) == 0 ? message : detail::cat("rank 0: ", message),
+              static_cast<int>(failed));
 }
 
 // Work every rank does ahead of a collective (each writes its own file):
 // when any fails, every rank fails now, the failing ones with their own
-// error and the others naming the first rank that failed.
+// error and the others with the first failing rank's.
 template <class Fn>
 void on_each_then_agree(Comm& comm, const char* what, Fn fn) {
   std::exception_ptr error;
-  int code = detail::run_keeping_error(fn, error);
+  std::string message;
+  int code = detail::run_keeping_error(fn, error, message);
   std::vector<double> codes(comm.size(), 0.0);
   codes[comm.rank()] = code;
   codes = comm.all_reduce_sum(codes, what);
-  if (error) std::rethrow_exception(error);
   for (int r = 0; r < comm.size(); ++r) {
-    if (codes[r] != 0) {
-      throw Error(detail::cat("rank ", r, " failed in the ", what, "; its error says why"), static_cast<int>(codes[r]));
-    }
+    if (codes[r] == 0) continue;
+    std::string cause = r == comm.rank() ? message : std::string();
+    comm.broadcast_bytes(cause, r, what);
+    if (error) std::rethrow_exception(error);
+    throw Error(cause.empty() ? detail::cat("rank ", r, " failed in the ", what)
+                              : cause.rfind("rank ", 0) == 0 ? cause : detail::cat("rank ", r, ": ", cause),
+                static_cast<int>(codes[r]));
   }
+  if (error) std::rethrow_exception(error);
 }
 
 // The shared config's fingerprint (16 hex digits): equal on the ranks and
