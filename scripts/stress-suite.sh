@@ -5,6 +5,7 @@
 # wall time, then the tests that failed in any round.
 #
 #   scripts/stress-suite.sh [N] [BUILD_DIR]   N rounds (default 3) of build/'s suite
+#   STRESS_CPU=6 scripts/stress-suite.sh 1     a heavier hog: 6 workers (4x oversubscribed on 2 cores)
 #
 # Needs a built tree (make test, or make build) and stress-ng (installed
 # here when missing and run as root). Exits 1 when any round had a failure.
@@ -24,7 +25,8 @@ if ! command -v stress-ng >/dev/null; then
     { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends stress-ng >/dev/null; } ||
     { echo "stress-suite: error: cannot install stress-ng" >&2; exit 2; }
 fi
-cores=$(nproc)
+cores=${STRESS_CPU:-$(nproc)}
+[[ "$cores" =~ ^[1-9][0-9]*$ ]] || { echo "stress-suite: error: STRESS_CPU must be a positive integer (got '$cores')" >&2; exit 2; }
 log_dir="$build/stress"
 mkdir -p "$log_dir"
 stress-ng --cpu "$cores" --timeout 0 --quiet &
