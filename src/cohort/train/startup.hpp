@@ -19,8 +19,8 @@
 namespace cohort {
 
 // Work only rank 0 does ahead of a collective: if it fails there, every
-// rank fails now (rank 0 with its own error, the others with its exit code)
-// instead of waiting out dist.timeout in the next collective.
+// rank fails now (rank 0 with its own error, the others with its message
+// and exit code) instead of waiting out dist.timeout in the next collective.
 namespace detail {
 // Runs `fn`; on an exception keeps it in `error` and its message in
 // `message`, and returns its exit code.
@@ -31,18 +31,17 @@ int run_keeping_error(Fn& fn, std::exception_ptr& error, std::string& message) {
     return 0;
   } catch (const Error& e) {
     error = std::current_exception();
-    message = e.what();
+    message = first_line(e.what());
     return e.exit_code();
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // c10::Error's backtrace stays with its own rank
     error = std::current_exception();
-    message = e.what();
+    message = first_line(e.what());
     return 1;
   } catch (...) {
     error = std::current_exception();
     return 1;
   }
 }
-
 }  // namespace detail
 
 template <class Fn>
