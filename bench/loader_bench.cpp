@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
     BertShards data(dir, "train");
     GlobalOrder order(data.size(), batch, 1, false);
     LoaderOptions o;
+    o.micro_batch = batch;
     o.workers = workers;
     o.prefetch = 8;
     Loader loader(data, order, o, Cursor{});

@@ -10,7 +10,10 @@ one rank with one thread. On every link and host count it runs the same
 bert-mini pretraining (GCIDE shards from `cohort prepare`, the same global
 batch, constant learning rate, AdamW, clipping, bf16 autocast) with:
 
-  exact        Cohort, dist.sync = step (the default)
+  exact        Cohort, dist.sync = step, gradients summed in fp32 as DDP sums
+               them (dist.grad-compression = fp32; the default, none, sums
+               in fp64 so that the step does not depend on the world size,
+               at twice the traffic)
   bf16         Cohort, gradients in bf16 on the wire
   powersgd     Cohort, dist.grad-compression = powersgd at --rank
   local-H      Cohort, dist.sync = local with H inner steps per sync (8, 32);
@@ -180,7 +183,9 @@ def cohort_cmd(args, method, hosts, i, out, steps):
            "--ckpt.every-steps", "0", "--dist.timeout", "600", "--out", out, "--overwrite",
            "--init-method", "tcp://%s:29650" % hosts.address(0), "--nnodes", str(hosts.n), "--node-rank", str(i),
            "--nproc-per-node", "1"]
-    if method == "bf16":
+    if method == "exact":
+        cmd += ["--dist.grad-compression", "fp32"]
+    elif method == "bf16":
         cmd += ["--dist.grad-compression", "bf16"]
     elif method == "powersgd":
         cmd += ["--dist.grad-compression", "powersgd", "--dist.powersgd-rank", str(args.rank)]

@@ -86,10 +86,11 @@ TEST(Balance, ModesAndResume) {
 
 // The split changes twice mid-epoch, while the loaders have steps built
 // ahead: every global batch is still exactly its slice of the permutation,
-// dealt by the shares in effect, and the epoch covers every sample once.
-// The cap on micro-batches gives the larger share more micro-steps.
+// dealt by the shares in effect as whole micro-batches of the batch's cut,
+// and the epoch covers every sample once.
 TEST(Balance, ExactlyOnceWhenTheSplitChangesMidEpoch) {
   const int64_t n = 203, global = 20;
+  const MicroBatches cut{3};  // 7 micro-batches of a full batch: 3,3,3,3,3,3,2
   IotaDataset data(n);
   GlobalOrder order(n, global, 9, false);
   std::vector<std::unique_ptr<Loader>> loaders;
@@ -97,34 +98,34 @@ TEST(Balance, ExactlyOnceWhenTheSplitChangesMidEpoch) {
     LoaderOptions o;
     o.rank = r;
     o.world_size = 2;
-    o.accum_steps = 1;
-    o.max_micro_batch = 6;
+    o.micro_batch = cut.most;
     o.workers = 2 - r;  // threaded with 2 and 1 workers
     o.prefetch = 3;
     loaders.push_back(std::make_unique<Loader>(data, order, o, Cursor{}));
   }
   auto perm = epoch_permutation(n, 9, 0);
-  std::vector<int64_t> shares = {10, 10};
+  std::vector<int64_t> shares = {4, 3};
   std::multiset<int64_t> seen;
   int64_t consumed = 0;
   for (int64_t step = 0; step < order.steps_per_epoch(); ++step) {
-    if (step == 3) shares = {15, 5};
-    if (step == 7) shares = {4, 16};
+    if (step == 3) shares = {5, 2};
+    if (step == 7) shares = {1, 6};
     if (step == 3 || step == 7) {
       for (auto& l : loaders) l->reshare(shares);
     }
     int64_t expect = std::min(global, n - consumed);
-    auto dealt = split_by_weights(expect, shares);
     std::vector<int64_t> batch;
     for (int r = 0; r < 2; ++r) {
       StepBatch b = loaders[static_cast<size_t>(r)]->next();
       ASSERT_EQ(b.cursor.consumed, consumed);
-      ASSERT_EQ(static_cast<int64_t>(b.indices.size()), dealt[static_cast<size_t>(r)]) << "step " << step;
-      int64_t micro_steps = std::max<int64_t>(1, (dealt[static_cast<size_t>(r)] + 5) / 6);
-      ASSERT_EQ(static_cast<int64_t>(b.micro.size()), micro_steps) << "step " << step << " rank " << r;
+      const Slice mine = weighted_slice(cut.count(expect), shares, r);
+      ASSERT_EQ(static_cast<int64_t>(b.micro.size()), std::max<int64_t>(1, mine.size()))
+          << "step " << step << " rank " << r;
       for (size_t m = 0; m < b.micro.size(); ++m) {
         auto ids = ids_of(b.micro[m]);
-        EXPECT_LE(ids.size(), 6u);
+        const Slice want = mine.size() == 0 ? Slice{} : cut.at(expect, mine.begin + static_cast<int64_t>(m));
+        ASSERT_EQ(ids, std::vector<int64_t>(perm.begin() + consumed + want.begin, perm.begin() + consumed + want.end))
+            << "step " << step << " rank " << r << " micro-batch " << m;
         const Slice rows = b.micro_rows[m];
         ASSERT_EQ(std::vector<int64_t>(b.indices.begin() + rows.begin, b.indices.begin() + rows.end), ids);
         batch.insert(batch.end(), ids.begin(), ids.end());

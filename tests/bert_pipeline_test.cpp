@@ -83,7 +83,7 @@ TEST_P(ShardCoverage, EveryRowExactlyOncePerEpochAcrossRanks) {
     LoaderOptions o;
     o.rank = r;
     o.world_size = c.world;
-    o.accum_steps = 2;
+    o.micro_batch = 10;
     o.workers = 0;
     Loader loader(data, order, o, Cursor{});
     for (int64_t k = 0; k < order.steps_per_epoch(); ++k) {

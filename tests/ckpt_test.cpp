@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "cohort/ckpt/checkpoint.hpp"
+#include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/data/order.hpp"
 #include "helpers.hpp"
@@ -155,6 +156,24 @@ TEST(Checkpoints, CorruptLatestFallsBackToThePrevious) {
   // A half-written directory (no state.json) is skipped too; keep=3 pruned nothing yet.
   std::filesystem::remove(tmp / "checkpoints/step-10/state.json");
   EXPECT_THROW(Checkpoints::resolve(tmp.path(), nullptr), DataError);
+}
+
+// A held file (read through /proc/self/fd/N, so the keep rotation cannot
+// take it away) is named by its own path in errors: here a config.toml that
+// the reader refuses.
+TEST(Checkpoints, AnErrorInAHeldFileNamesTheFilesPath) {
+  TempDir tmp;
+  const std::string dir = tmp / "step-3";
+  std::filesystem::create_directories(dir);
+  write_file(dir + "/state.json", "{}");
+  write_file(dir + "/config.toml", "[train]\nno-such-key = 1\n");
+  HeldFiles held;
+  ASSERT_TRUE(held.open(dir));
+  const std::string through = held.path("config.toml");
+  ASSERT_EQ(through.rfind("/proc/self/fd/", 0), 0u) << through;
+  std::string e = error_of([&] { load_config(through); });
+  EXPECT_NE(e.find(dir + "/config.toml:2: unknown key 'train.no-such-key'"), std::string::npos) << e;
+  EXPECT_EQ(e.find("/proc/self/fd/"), std::string::npos) << e;
 }
 
 TEST(Checkpoints, KeepsTheNewestK) {

@@ -2,6 +2,9 @@
 // thread of this process.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <mutex>
+
 #include "cohort/core/error.hpp"
 #include "cohort/distributed/comm.hpp"
 #include "cohort/distributed/grad_sync.hpp"
@@ -88,11 +91,11 @@ TEST_P(GradSyncMatchesFlat, BitIdentical) {
     EXPECT_EQ(sync.collectives_issued(), static_cast<int64_t>(sync.buckets().size()));
     auto bucketed = grads_of(m);
 
+    // The reference: autograd's own accumulation (no prepare(): the hooks
+    // stay idle after finalize()), one flat all-reduce. The losses are
+    // integers, so every order of the sums is exact.
     zero_grads(m);
-    for (int micro = 0; micro < c.accum; ++micro) {
-      sync.prepare(false);
-      integer_loss(m, rank, micro, all).backward();
-    }
+    for (int micro = 0; micro < c.accum; ++micro) integer_loss(m, rank, micro, all).backward();
     all_reduce_gradients(comm, m);
     auto flat = grads_of(m);
     for (size_t k = 0; k < flat.size(); ++k) EXPECT_TRUE(torch::equal(bucketed[k], flat[k])) << "parameter " << k;
@@ -107,6 +110,59 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{3, 400, 400, 3, 4},          // several buckets, 3 micro-batches
                       Case{4, 1 << 30, 1 << 30, 2, 1}),
     [](const ::testing::TestParamInfo<Case>& info) { return "case" + std::to_string(info.index); });
+
+// The exact sum: 12 micro-batches whose gradients are fp32 values of mixed
+// signs and magnitudes (their fp32 sum depends on its order), computed by 1,
+// 2, 3 or 4 ranks, each taking a contiguous run of them as the loader deals
+// them. The summed gradients are the same bits every time. The fp32 sum
+// (Compression::kFp32) is the control: the same split gives other bits, so
+// the check can fail.
+TEST(GradSync, ExactSumIsTheSameWhicheverRankComputedEachMicroBatch) {
+  constexpr int kMicro = 12;
+  auto contribution = [](int64_t numel, int micro, size_t k) {
+    auto g = torch::Generator(at::detail::createCPUGenerator(1000 * micro + static_cast<int64_t>(k)));
+    return torch::randn({numel}, g) * std::pow(10.0, (micro % 5) - 2);
+  };
+  auto run = [&](int world, Compression compression) {
+    std::vector<torch::Tensor> result;
+    std::mutex mu;
+    spawn_world(world, [&](Comm& comm) {
+      Params m;
+      GradSyncOptions o;
+      o.compression = compression;
+      o.bucket_cap_bytes = 400;
+      o.first_bucket_bytes = 100;
+      GradSync sync(comm, m, o);
+      const int begin = kMicro * comm.rank() / world, end = kMicro * (comm.rank() + 1) / world;
+      for (int micro = begin; micro < end; ++micro) {
+        sync.prepare(micro + 1 == end);
+        torch::Tensor loss = torch::zeros({});
+        for (size_t k = 0; k < m.ps.size(); ++k) {
+          loss = loss + (m.ps[k].reshape({-1}) * contribution(m.ps[k].numel(), micro, k)).sum();
+        }
+        loss.backward();
+      }
+      sync.finalize();
+      if (comm.rank() == 0) {
+        std::lock_guard<std::mutex> lock(mu);
+        result = grads_of(m);
+      }
+    });
+    return result;
+  };
+  const auto one = run(1, Compression::kNone);
+  for (int world : {2, 3, 4}) {
+    const auto many = run(world, Compression::kNone);
+    for (size_t k = 0; k < one.size(); ++k) {
+      EXPECT_TRUE(torch::equal(many[k], one[k])) << "world " << world << " parameter " << k << ": "
+                                                 << (many[k] - one[k]).abs().max().item<double>();
+    }
+  }
+  const auto fp32_one = run(1, Compression::kFp32), fp32_three = run(3, Compression::kFp32);
+  bool differs = false;
+  for (size_t k = 0; k < one.size(); ++k) differs = differs || !torch::equal(fp32_one[k], fp32_three[k]);
+  EXPECT_TRUE(differs) << "the fp32 sums should depend on the split: the exact check above proves nothing";
+}
 
 // Expected bucket counts for the "several" cases, from the sizes: parameter k
 // holds (3 + 5k) * 2 floats = 24 + 40k bytes, packed in reverse order.

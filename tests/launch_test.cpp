@@ -54,7 +54,7 @@ std::string long_job(const TempDir& tmp, const std::string& extra) {
 }  // namespace
 
 // Contract 1: for a fixed seed and global batch, the loss of every step is
-// the same on 1, 2 and 3 ranks (and with accumulation) up to reduction order,
+// the same on 1, 2 and 3 ranks (and split 1:2) up to reduction order,
 // and evaluation metrics agree to the last printed digit. Dropout is off
 // here (Balance.DropoutLossDoesNotDependOnTheSplit* covers it).
 TEST(Launch, LossDoesNotDependOnWorldSize) {
@@ -65,7 +65,7 @@ TEST(Launch, LossDoesNotDependOnWorldSize) {
   std::vector<std::vector<double>> losses;
   std::vector<std::vector<std::string>> evals;  // the console's eval lines
   for (std::string shape : {"--nproc-per-node 1", "--nproc-per-node 2", "--nproc-per-node 3 --oversubscribe",
-                            "--nproc-per-node 2 --optim.accum-steps 2"}) {
+                            "--nproc-per-node 2 --data.balance weights --data.balance-weights 1,2"}) {
     std::string dir = tmp / ("r" + std::to_string(losses.size()));
     auto r = run_cohort("train " + shape + common + " --out " + dir);
     ASSERT_EQ(r.code, 0) << shape << ": " << r.err;
@@ -260,8 +260,8 @@ std::vector<std::vector<int64_t>> ids_per_step(const std::string& run, int ranks
 
 // With dropout on, the loss of every step is the same on 1 rank, on 2 with
 // the even split, on 2 split 3:1, and on 2 balanced automatically against a
-// rank made 3x slower, whose split changes mid-run and whose larger share
-// takes several capped micro-batches. The same samples form every step.
+// rank made 3x slower, whose split changes mid-run: whole micro-batches
+// move between the ranks. The same samples form every step.
 // The per-rank torch generator (model.dropout-rng = rank) does not give
 // this: the check can fail.
 void check_split_independence(const std::string& common, bool compare_rank_rng) {
@@ -274,7 +274,7 @@ void check_split_independence(const std::string& common, bool compare_rank_rng) 
       {"--nproc-per-node 1", "", 1},
       {"--nproc-per-node 2", "", 2},
       {"--nproc-per-node 2 --data.balance weights --data.balance-weights 3,1", "", 2},
-      {"--nproc-per-node 2 --data.balance auto --data.balance-every 2 --data.max-micro-batch 10",
+      {"--nproc-per-node 2 --data.balance auto --data.balance-every 2",
        "COHORT_DEBUG_SLOWDOWN=1:3", 2},
   };
   if (compare_rank_rng) shapes.push_back({"--nproc-per-node 2 --model.dropout-rng rank", "", 2});
@@ -319,6 +319,7 @@ void check_split_independence(const std::string& common, bool compare_rank_rng) 
 TEST(Balance, DropoutLossDoesNotDependOnTheSplitMlp) {
   if (!cohort::test::have_fashion_mnist()) GTEST_SKIP() << "SKIPPED: dataset-fashion-mnist is not installed";
   check_split_independence(" --model.name mlp --model.hidden 64 --model.dropout 0.2 --data.global-batch 48"
+                           " --data.micro-batch 6"
                            " --train.max-steps 20 --log.every-steps 1 --eval.every-steps 1000 --eval.max-samples 200",
                            /*compare_rank_rng=*/true);
 }
@@ -330,7 +331,7 @@ TEST(Balance, DropoutLossDoesNotDependOnTheSplitBert) {
   check_split_independence(" --train.task bert-pretrain --model.name bert --model.hidden 32 --model.layers 2"
                            " --model.heads 2 --model.max-positions 64 --model.dropout 0.1"
                            " --model.attention-dropout 0.1 --data.path " + data / "data" +
-                           " --data.global-batch 24 --data.bucket 4 --optim.lr 0.003 --train.max-steps 20"
+                           " --data.global-batch 24 --data.micro-batch 3 --data.bucket 4 --optim.lr 0.003 --train.max-steps 20"
                            " --log.every-steps 1 --eval.every-steps 1000 --eval.split valid --eval.max-samples 16",
                            /*compare_rank_rng=*/false);
 }

@@ -280,6 +280,7 @@ TEST(DynamicMasking, TheLoaderDrawsEachStepWithItsEpoch) {
   } data;
   cohort::GlobalOrder order(10, 4, 1, false);  // 3 steps an epoch: 4, 4, 2
   cohort::LoaderOptions lo;
+  lo.micro_batch = 4;
   lo.workers = 2;
   cohort::Loader loader(data, order, lo, cohort::Cursor{1, 4});
   std::set<int64_t> epochs;

@@ -3,6 +3,7 @@
 #include <limits>
 #include <set>
 
+#include "cohort/data/balance.hpp"
 #include "cohort/data/loader.hpp"
 #include "cohort/data/order.hpp"
 #include "iota_dataset.hpp"
@@ -67,18 +68,20 @@ struct Shape {
   int64_t n;
   int64_t global_batch;
   int world;
-  int64_t accum;
+  int64_t micro;  // data.micro-batch
 };
 
 void PrintTo(const Shape& s, std::ostream* os) {
-  *os << "n=" << s.n << " batch=" << s.global_batch << " world=" << s.world << " accum=" << s.accum;
+  *os << "n=" << s.n << " batch=" << s.global_batch << " world=" << s.world << " micro=" << s.micro;
 }
 
 class Dealing : public ::testing::TestWithParam<Shape> {};
 
 // Several ranks' loaders in one process: each global batch is split into
 // disjoint pieces that together are exactly that batch of the permutation, and
-// an epoch covers every sample exactly once.
+// an epoch covers every sample exactly once. The micro-batches, in rank
+// order, are the batch's cut (MicroBatches) whatever the world size: each
+// rank computes whole ones, and a rank dealt none runs one empty one.
 TEST_P(Dealing, ExactlyOncePerEpochAtAnyWorldSize) {
   Shape s = GetParam();
   IotaDataset data(s.n);
@@ -88,7 +91,7 @@ TEST_P(Dealing, ExactlyOncePerEpochAtAnyWorldSize) {
     LoaderOptions o;
     o.rank = r;
     o.world_size = s.world;
-    o.accum_steps = s.accum;
+    o.micro_batch = s.micro;
     o.workers = r % 2;  // both the inline and the threaded path
     loaders.push_back(std::make_unique<Loader>(data, order, o, Cursor{}));
   }
@@ -97,16 +100,28 @@ TEST_P(Dealing, ExactlyOncePerEpochAtAnyWorldSize) {
   int64_t consumed = 0;
   for (int64_t step = 0; step < order.steps_per_epoch(); ++step) {
     std::vector<int64_t> global;
-    for (auto& loader : loaders) {
-      StepBatch b = loader->next();
+    std::vector<std::vector<int64_t>> micro_batches;
+    int64_t expect = std::min(s.global_batch, s.n - consumed);
+    const MicroBatches cut{s.micro};
+    for (int r = 0; r < s.world; ++r) {
+      StepBatch b = loaders[static_cast<size_t>(r)]->next();
       ASSERT_EQ(b.cursor.consumed, consumed);
-      ASSERT_EQ(static_cast<int64_t>(b.micro.size()), s.accum);
+      const Slice mine = split_evenly(cut.count(expect), r, s.world);
+      ASSERT_EQ(static_cast<int64_t>(b.micro.size()), std::max<int64_t>(mine.size(), 1)) << "rank " << r;
       for (const auto& m : b.micro) {
         auto ids = ids_of(m);
         global.insert(global.end(), ids.begin(), ids.end());
+        if (!ids.empty()) micro_batches.push_back(ids);
       }
     }
-    int64_t expect = std::min(s.global_batch, s.n - consumed);
+    ASSERT_EQ(static_cast<int64_t>(micro_batches.size()), cut.count(expect));
+    for (int64_t i = 0; i < cut.count(expect); ++i) {
+      const Slice at = cut.at(expect, i);
+      ASSERT_LE(at.size(), s.micro);
+      ASSERT_EQ(micro_batches[static_cast<size_t>(i)],
+                std::vector<int64_t>(perm.begin() + consumed + at.begin, perm.begin() + consumed + at.end))
+          << "micro-batch " << i;
+    }
     ASSERT_EQ(static_cast<int64_t>(global.size()), expect);
     ASSERT_EQ(global, std::vector<int64_t>(perm.begin() + consumed, perm.begin() + consumed + expect));
     seen.insert(global.begin(), global.end());
@@ -121,13 +136,13 @@ TEST_P(Dealing, ExactlyOncePerEpochAtAnyWorldSize) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Dealing,
-                         ::testing::Values(Shape{96, 96, 1, 1}, Shape{100, 96, 2, 1}, Shape{101, 10, 3, 1},
-                                           Shape{97, 12, 3, 2}, Shape{5, 4, 3, 1}, Shape{1, 1, 1, 1},
-                                           Shape{50, 8, 2, 4}),
+                         ::testing::Values(Shape{96, 96, 1, 32}, Shape{100, 96, 2, 32}, Shape{101, 10, 3, 4},
+                                           Shape{97, 12, 3, 5}, Shape{5, 4, 3, 1}, Shape{1, 1, 1, 1},
+                                           Shape{50, 8, 2, 3}, Shape{64, 64, 3, 32}),
                          [](const ::testing::TestParamInfo<Shape>& info) {
                            const Shape& s = info.param;
                            return "n" + std::to_string(s.n) + "_batch" + std::to_string(s.global_batch) + "_world" +
-                                  std::to_string(s.world) + "_accum" + std::to_string(s.accum);
+                                  std::to_string(s.world) + "_micro" + std::to_string(s.micro);
                          });
 
 TEST(Order, DropLastSkipsOnlyTheShortBatch) {

@@ -186,6 +186,7 @@ Checkpoints::Best Checkpoints::best(const std::string& run_dir) {
 }
 
 HeldFiles::~HeldFiles() {
+  names_.clear();  // before the descriptors (and their numbers) are let go
   for (const auto& [name, fd] : fds_) ::close(fd);
 }
 
@@ -196,8 +197,10 @@ bool HeldFiles::open(const std::string& dir) {
     int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) break;  // removed meanwhile
     fds_[e.path().filename().string()] = fd;
+    names_.push_back(std::make_unique<HeldPathName>("/proc/self/fd/" + std::to_string(fd), e.path().string()));
   }
   if (!ec && fds_.count("state.json") && fs::exists(fs::path(dir) / "state.json", ec)) return true;
+  names_.clear();
   for (const auto& [name, fd] : fds_) ::close(fd);
   fds_.clear();
   return false;

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "cohort/ckpt/safetensors.hpp"
+#include "cohort/core/error.hpp"
 #include "cohort/data/order.hpp"
 
 namespace cohort {
@@ -72,11 +73,13 @@ class HeldFiles {
   ~HeldFiles();
   // Opens every file of `dir`; false (nothing held) when one is gone.
   bool open(const std::string& dir);
-  // "/proc/self/fd/N" for a held file; "" when `name` is not held.
+  // "/proc/self/fd/N" for a held file; "" when `name` is not held. An
+  // error naming it names the file's path instead (HeldPathName).
   std::string path(const std::string& name) const;
 
  private:
   std::map<std::string, int> fds_;
+  std::vector<std::unique_ptr<HeldPathName>> names_;
 };
 
 // A checkpoint directory whose checksums were verified, and what it holds.

@@ -201,6 +201,10 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
 
   bind("data.path", c.data.path, "dataset directory (may differ between nodes)", node);
   bind("data.global-batch", c.data.global_batch, "samples per optimizer step, summed over all ranks and micro-batches", fixed);
+  bind("data.micro-batch", c.data.micro_batch, "most samples in one forward and backward (memory), the same on every "
+       "rank: each global batch is cut into micro-batches in its sample order and ranks compute whole ones, so the "
+       "loss does not depend on the world size or split; 0 = auto: at most 32, and a multiple of 12 of them, so 1, 2, "
+       "3, 4, 6 or 12 ranks get equal shares");
   bind("data.workers", c.data.workers, "background loader threads per rank; 0 loads inline", node);
   bind("data.prefetch", c.data.prefetch, "steps prepared ahead per rank", node);
   bind("data.drop-last", c.data.drop_last, "drop the epoch's last, short global batch", fixed);
@@ -215,8 +219,6 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("data.labels", c.data.labels, "bert-classify: the label names (a run's labels.json); '' = the train split's; "
        "eval and predict use the run's", node);
   bind("data.lowercase", c.data.lowercase, "bert-classify: uncased WordPiece (lowercase, strip accents)", fixed);
-  bind("data.max-micro-batch", c.data.max_micro_batch, "most samples in one of this node's micro-batches (memory); "
-       "a larger share takes more accumulation micro-steps; 0 = no cap", node);
 
   bind("optim.name", c.optim.name, "optimizer", fixed);
   bind("optim.lr", c.optim.lr, "peak learning rate");
@@ -225,7 +227,6 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("optim.beta2", c.optim.beta2, "adamw/lamb beta2");
   bind("optim.eps", c.optim.eps, "adamw/lamb epsilon");
   bind("optim.momentum", c.optim.momentum, "sgd momentum");
-  bind("optim.accum-steps", c.optim.accum_steps, "micro-batches accumulated per optimizer step");
   bind("optim.schedule", c.optim.schedule, "learning-rate decay after warmup");
   bind("optim.poly-power", c.optim.poly_power, "poly schedule exponent: lr = min + (peak - min) * (1 - progress)^power");
   bind("optim.warmup-ratio", c.optim.warmup_ratio, "fraction of total steps with linear warmup from 0");
@@ -258,8 +259,10 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
 
   bind("dist.timeout", c.dist.timeout, "seconds any collective may take before the job fails", node);
   bind("dist.bucket-cap-mb", c.dist.bucket_cap_mb, "gradient all-reduce bucket size, MiB");
-  bind("dist.grad-compression", c.dist.grad_compression, "gradients on the wire: none (fp32), bf16, fp16, or "
-       "powersgd (each matrix as a rank-r product, with error feedback); local sync: the parameter change's dtype");
+  bind("dist.grad-compression", c.dist.grad_compression, "gradients on the wire: none = exact (the micro-batches' "
+       "gradients summed in fp64, so the sum does not depend on its order: the same at any world size), fp32 (half "
+       "none's traffic; the rounding then follows the world size), bf16, fp16, or powersgd (each matrix as a rank-r "
+       "product, with error feedback); local sync: the parameter change's dtype (none = fp32)");
   bind("dist.powersgd-rank", c.dist.powersgd_rank, "powersgd: rank of each gradient matrix's approximation");
   bind("dist.sync", c.dist.sync, "step: gradients summed exactly every step (the loss per step does not depend on "
        "the world size); local: each rank steps alone for dist.local-steps, then the ranks average the parameter "
@@ -386,14 +389,15 @@ std::string closest_key(const std::string& name) {
       {"weight-decay", "optim.weight-decay"}, {"warmup-ratio", "optim.warmup-ratio"},
       {"adam-beta1", "optim.beta1"},        {"adam-beta2", "optim.beta2"},
       {"adam-epsilon", "optim.eps"},        {"max-grad-norm", "optim.clip-norm"},
-      {"lr-scheduler-type", "optim.schedule"}, {"gradient-accumulation-steps", "optim.accum-steps"},
+      {"lr-scheduler-type", "optim.schedule"}, {"gradient-accumulation-steps", "data.micro-batch"},
       {"logging-steps", "log.every-steps"}, {"eval-steps", "eval.every-steps"},
       {"save-steps", "ckpt.every-steps"},   {"save-total-limit", "ckpt.keep"},
       {"metric-for-best-model", "ckpt.best-metric"}, {"per-device-train-batch-size", "data.global-batch"},
       {"train-batch-size", "data.global-batch"}, {"per-device-eval-batch-size", "eval.batch"},
       {"dataloader-num-workers", "data.workers"}, {"max-seq-length", "data.max-seq-length"},
       {"device", "train.device"},           {"batch", "data.global-batch"},
-      {"batch-size", "data.global-batch"},
+      {"batch-size", "data.global-batch"},  {"accum-steps", "data.micro-batch"},
+      {"max-micro-batch", "data.micro-batch"},
       {"precision", "train.precision"},     {"model-name-or-path", "model.init"},
   };
   static const std::map<std::string, std::string> foreign_sections = {
@@ -713,6 +717,15 @@ void ConfigBinding::apply_file(const std::string& path) {
     const std::string where = detail::cat("config ", path, ":", item.line, ": key '", name, "'");
     COHORT_CHECK(seen.insert(name).second, UsageError, where, " is given twice (a repeated [section]?)");
     auto it = by_name.find(name);
+    // Keys of earlier Cohorts that a run's config.toml may hold: at the
+    // value that had no effect they are passed over; otherwise the hint
+    // names the key that replaced them.
+    static const std::map<std::string, std::string> retired = {{"optim.accum-steps", "1"},
+                                                               {"data.max-micro-batch", "0"}};
+    if (auto r = retired.find(name); it == by_name.end() && r != retired.end() && item.values.size() == 1 &&
+                                     item.values[0] == r->second) {
+      continue;
+    }
     if (it == by_name.end()) {
       std::string hint = closest_key(name);
       throw UsageError(detail::cat("config ", path, ":", item.line, ": unknown key '", name, "'",
@@ -931,7 +944,7 @@ void validate(const Config& c) {
   require(c.data.balance == Balance::kWeights || c.data.balance_weights.empty(), "data.balance-weights",
           c.data.balance_weights.size(), "are only used with data.balance = weights; set it, or drop the weights");
   require(c.data.balance_every >= 1, "data.balance-every", c.data.balance_every, "must be >= 1");
-  require(c.data.max_micro_batch >= 0, "data.max-micro-batch", c.data.max_micro_batch, "must be >= 0");
+  require(c.data.micro_batch >= 0, "data.micro-batch", c.data.micro_batch, "must be >= 0 (0 = auto)");
 
   if (!c.log.mlflow.empty()) {
     std::string why = url_problem(c.log.mlflow);
@@ -946,9 +959,6 @@ void validate(const Config& c) {
   require(c.optim.beta2 >= 0 && c.optim.beta2 < 1, "optim.beta2", c.optim.beta2, "must be in [0, 1)");
   require(std::isfinite(c.optim.eps) && c.optim.eps > 0, "optim.eps", c.optim.eps, "must be finite and > 0");
   require(c.optim.momentum >= 0 && c.optim.momentum < 1, "optim.momentum", c.optim.momentum, "must be in [0, 1)");
-  require(c.optim.accum_steps >= 1, "optim.accum-steps", c.optim.accum_steps, "must be >= 1");
-  require(c.optim.accum_steps <= c.data.global_batch, "optim.accum-steps", c.optim.accum_steps,
-          "must be <= data.global-batch, or some micro-batches would be empty");
   require(std::isfinite(c.optim.poly_power) && c.optim.poly_power > 0, "optim.poly-power", c.optim.poly_power,
           "must be finite and > 0");
   require(c.optim.warmup_ratio >= 0 && c.optim.warmup_ratio < 1, "optim.warmup-ratio",
@@ -989,7 +999,7 @@ void validate(const Config& c) {
           "a whole-model remainder per rank)");
   require(c.dist.shard != ShardMode::kGradients || c.dist.grad_compression == Compression::kNone,
           "dist.grad-compression", name_of(c.dist.grad_compression), "is not applied by dist.shard = gradients "
-          "(its sums stay fp32): use none, or dist.shard = optimizer");
+          "(its sums are exact): use none, or dist.shard = optimizer");
   require(std::isfinite(c.optim.outer_lr) && c.optim.outer_lr > 0, "optim.outer-lr", c.optim.outer_lr,
           "must be finite and > 0");
   require(c.optim.outer_momentum >= 0 && c.optim.outer_momentum < 1, "optim.outer-momentum", c.optim.outer_momentum,

@@ -43,6 +43,7 @@ struct TrainOptions {
 struct DataOptions {
   std::string path = "/usr/share/datasets/fashion-mnist";
   int64_t global_batch = 64;  // samples per optimizer step, over all ranks
+  int64_t micro_batch = 0;    // most samples in one forward and backward, on every rank; 0: auto
   int workers = 1;            // background loader threads; 0: load inline
   int prefetch = 4;           // micro-batches prepared ahead per rank
   bool drop_last = false;     // drop the epoch's last, short global batch
@@ -51,7 +52,6 @@ struct DataOptions {
   Balance balance = Balance::kEqual;   // each rank's share of the global batch
   std::vector<double> balance_weights;  // balance = weights: one per rank
   int64_t balance_every = 5;   // balance = auto: re-measure every N steps
-  int64_t max_micro_batch = 0;  // cap on a rank's micro-batch; 0: none
   // The BERT tasks' WordPiece (bert-classify declares its columns itself: TaskKey)
   std::string vocab;                   // vocab.txt; "": data.path's, else model.init's
   bool lowercase = true;               // uncased WordPiece
@@ -66,7 +66,6 @@ struct OptimOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double momentum = 0.9;       // sgd only
-  int64_t accum_steps = 1;     // micro-batches per optimizer step
   Schedule schedule = Schedule::kLinear;
   double poly_power = 1.0;     // poly: (1 - progress)^power
   double warmup_ratio = 0.0;   // fraction of total steps spent warming up

@@ -1,4 +1,4 @@
-// defines: Error, UsageError, ConfigError, DataError, DistError, COHORT_CHECK
+// defines: Error, UsageError, ConfigError, DataError, DistError, COHORT_CHECK, HeldPathName
 //
 // Every failure Cohort reports is one of these. `main` catches Error, prints
 // `cohort: error: <what()>` on one line and exits with exit_code(): 2 for a
@@ -14,10 +14,31 @@
 
 namespace cohort {
 
+namespace detail {
+// A file read through a descriptor held open (a checkpoint's files, read
+// while another job's keep rotation may remove them) is opened as
+// /proc/self/fd/N. While such a name is registered, an Error's message
+// shows the file's own path instead (core/files.cpp).
+std::string held_paths_named(const std::string& msg);
+}  // namespace detail
+
+// Registers `proc_path` (/proc/self/fd/N) as `real_path` in error messages
+// for the object's lifetime.
+class HeldPathName {
+ public:
+  HeldPathName(std::string proc_path, const std::string& real_path);
+  ~HeldPathName();
+  HeldPathName(const HeldPathName&) = delete;
+  HeldPathName& operator=(const HeldPathName&) = delete;
+
+ private:
+  std::string proc_path_;
+};
+
 class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& msg, int exit_code = 1)
-      : std::runtime_error(msg), exit_code_(exit_code) {}
+      : std::runtime_error(detail::held_paths_named(msg)), exit_code_(exit_code) {}
   int exit_code() const { return exit_code_; }
 
  private:

@@ -8,11 +8,53 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <sstream>
 
 #include "cohort/core/error.hpp"
 
 namespace cohort {
+
+namespace {
+
+std::mutex& held_names_mu() {
+  static std::mutex mu;
+  return mu;
+}
+
+std::map<std::string, std::string>& held_names() {
+  static std::map<std::string, std::string> names;  // /proc/self/fd/N -> the file's path
+  return names;
+}
+
+}  // namespace
+
+HeldPathName::HeldPathName(std::string proc_path, const std::string& real_path) : proc_path_(std::move(proc_path)) {
+  std::lock_guard<std::mutex> lock(held_names_mu());
+  held_names()[proc_path_] = real_path;
+}
+
+HeldPathName::~HeldPathName() {
+  std::lock_guard<std::mutex> lock(held_names_mu());
+  held_names().erase(proc_path_);
+}
+
+std::string detail::held_paths_named(const std::string& msg) {
+  static const std::string kPrefix = "/proc/self/fd/";
+  if (msg.find(kPrefix) == std::string::npos) return msg;
+  std::lock_guard<std::mutex> lock(held_names_mu());
+  std::string out;
+  size_t at = 0;
+  for (size_t hit; (hit = msg.find(kPrefix, at)) != std::string::npos;) {
+    size_t end = hit + kPrefix.size();
+    while (end < msg.size() && msg[end] >= '0' && msg[end] <= '9') ++end;
+    auto it = held_names().find(msg.substr(hit, end - hit));
+    out += msg.substr(at, hit - at) + (it == held_names().end() ? msg.substr(hit, end - hit) : it->second);
+    at = end;
+  }
+  return out + msg.substr(at);
+}
 
 namespace fs = std::filesystem;
 

@@ -83,14 +83,14 @@ double predicted_seconds(const std::vector<int64_t>& shares, const std::vector<d
 }
 
 Balancer::Balancer(const BalancerOptions& o)
-    : mode_(o.mode), global_batch_(o.global_batch), speeds_(static_cast<size_t>(o.world_size), 0.0) {
-  shares_ = split_by_weights(o.global_batch, std::vector<int64_t>(static_cast<size_t>(o.world_size), 1));
+    : mode_(o.mode), micro_batches_(o.micro_batches), speeds_(static_cast<size_t>(o.world_size), 0.0) {
+  shares_ = split_by_weights(o.micro_batches, std::vector<int64_t>(static_cast<size_t>(o.world_size), 1));
   if (o.mode == Balance::kWeights) {
     COHORT_CHECK(static_cast<int>(o.weights.size()) == o.world_size, ConfigError, "data.balance-weights has ",
                  o.weights.size(), " weight(s) but the world has ", o.world_size, " rank(s): give one per rank");
-    shares_ = shares_for_speeds(o.global_batch, o.weights, 0);
+    shares_ = shares_for_speeds(o.micro_batches, o.weights, 0);
   } else if (o.mode == Balance::kAuto && static_cast<int>(o.resumed.size()) == o.world_size &&
-             std::accumulate(o.resumed.begin(), o.resumed.end(), int64_t{0}) == o.global_batch) {
+             std::accumulate(o.resumed.begin(), o.resumed.end(), int64_t{0}) == o.micro_batches) {
     shares_ = o.resumed;
   }
 }
@@ -110,8 +110,9 @@ bool Balancer::update(const std::vector<double>& samples, const std::vector<doub
   for (auto& s : speeds) {
     if (s <= 0) s = measured_sum / measured;
   }
-  // Every rank keeps at least one sample, so every rank stays measured.
-  auto proposal = shares_for_speeds(global_batch_, speeds, 1);
+  // Every rank keeps at least one micro-batch, when there are enough, so
+  // every rank stays measured.
+  auto proposal = shares_for_speeds(micro_batches_, speeds, 1);
   if (proposal == shares_) return false;
   if (predicted_seconds(proposal, speeds) > (1.0 - kHysteresis) * predicted_seconds(shares_, speeds)) return false;
   shares_ = std::move(proposal);
@@ -121,7 +122,7 @@ bool Balancer::update(const std::vector<double>& samples, const std::vector<doub
 std::string describe_split(const std::vector<int64_t>& shares) {
   std::string out;
   for (size_t r = 0; r < shares.size(); ++r) {
-    out += strf("%srank %zu %lld%s", r ? ", " : "", r, static_cast<long long>(shares[r]), r ? "" : " samples");
+    out += strf("%srank %zu %lld%s", r ? ", " : "", r, static_cast<long long>(shares[r]), r ? "" : " micro-batch(es)");
   }
   return out;
 }

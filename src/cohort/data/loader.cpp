@@ -1,5 +1,6 @@
 #include "cohort/data/loader.hpp"
 
+#include <algorithm>
 #include <numeric>
 
 #include "cohort/core/error.hpp"
@@ -14,6 +15,7 @@ Loader::Loader(const Dataset& data, const GlobalOrder& order, LoaderOptions opts
   shares_ = opts_.shares.empty() ? std::vector<int64_t>(static_cast<size_t>(opts_.world_size), 1) : opts_.shares;
   COHORT_CHECK(static_cast<int>(shares_.size()) == opts_.world_size, Error, "loader: ", shares_.size(),
                " shares for ", opts_.world_size, " ranks");
+  COHORT_CHECK(opts_.micro_batch >= 0, Error, "loader: micro-batch of ", opts_.micro_batch, " samples");
   COHORT_CHECK(start_.consumed >= 0 && start_.consumed < order_.usable(), Error,
                "loader: start cursor ", start_.consumed, " is outside the epoch's ", order_.usable(),
                " samples");
@@ -35,19 +37,20 @@ StepBatch Loader::build(int64_t k, const std::vector<int64_t>& shares) const {
   out.next = order_.advance(out.cursor);
   out.global_samples = order_.batch_size_at(out.cursor);
   auto perm = order_.permutation(out.cursor.epoch);
-  Slice mine = weighted_slice(out.global_samples, shares, opts_.rank);
-  int64_t micro_steps = opts_.accum_steps;
-  if (opts_.max_micro_batch > 0) {
-    micro_steps = std::max(micro_steps, mine.size() > 0 ? (mine.size() - 1) / opts_.max_micro_batch + 1 : 0);
-  }
-  for (int64_t m = 0; m < micro_steps; ++m) {
-    Slice micro = split_evenly(mine.size(), m, micro_steps);
+  const MicroBatches cut{opts_.micro_batch};
+  // This rank's run of whole micro-batches; a short last batch of an epoch
+  // has fewer, dealt by the same weights.
+  const Slice mine = weighted_slice(cut.count(out.global_samples), shares, opts_.rank);
+  // An empty share still runs one (empty) micro-batch: the step's
+  // collectives are every rank's.
+  for (int64_t k = 0; k < std::max<int64_t>(mine.size(), 1); ++k) {
+    const Slice micro = mine.size() == 0 ? Slice{} : cut.at(out.global_samples, mine.begin + k);
     out.micro_rows.push_back({static_cast<int64_t>(out.indices.size()),
                               static_cast<int64_t>(out.indices.size()) + micro.size()});
     std::vector<int64_t> ids;
     ids.reserve(static_cast<size_t>(micro.size()));
     for (int64_t i = micro.begin; i < micro.end; ++i) {
-      ids.push_back((*perm)[static_cast<size_t>(out.cursor.consumed + mine.begin + i)]);
+      ids.push_back((*perm)[static_cast<size_t>(out.cursor.consumed + i)]);
     }
     Example micro_batch = ids.empty() ? Example{} : data_.draw_batch(ids, out.cursor.epoch);
     if (opts_.pin_memory) {
@@ -65,9 +68,10 @@ void Loader::reshare(std::vector<int64_t> shares) {
     COHORT_CHECK(s >= 0, Error, "loader: negative share ", s);
     total += s;
   }
-  COHORT_CHECK(static_cast<int>(shares.size()) == opts_.world_size && total == order_.global_batch(), Error,
-               "loader: ", shares.size(), " shares summing to ", total, " for ", opts_.world_size,
-               " ranks and a global batch of ", order_.global_batch());
+  const int64_t micro_batches = MicroBatches{opts_.micro_batch}.count(order_.global_batch());
+  COHORT_CHECK(static_cast<int>(shares.size()) == opts_.world_size && total == micro_batches, Error, "loader: ",
+               shares.size(), " shares summing to ", total, " for ", opts_.world_size, " ranks and a global batch of ",
+               micro_batches, " micro-batches");
   {
     std::lock_guard<std::mutex> lock(mu_);
     shares_ = std::move(shares);

@@ -4,9 +4,9 @@
 // step, and prepares them on background threads so compute never waits on
 // data. Step k's batch is a pure function of (start cursor, k, rank, the
 // shares in effect at k), so workers can build steps out of order; the
-// consumer still receives them in order. A rank's share is split into
-// optim.accum-steps micro-batches, or more when data.max-micro-batch caps
-// their size.
+// consumer still receives them in order. Each global batch is cut into
+// micro-batches the same way at any world size (MicroBatches), and a rank
+// computes its share of them, whole.
 #pragma once
 
 #include <condition_variable>
@@ -27,7 +27,7 @@ struct StepBatch {
   Cursor cursor;               // where this global batch starts
   Cursor next;                 // where the next one starts
   int64_t global_samples = 0;  // samples in the whole global batch, all ranks
-  std::vector<Example> micro;  // this rank's micro-batches; an empty Example
+  std::vector<Example> micro;  // this rank's micro-batches; one empty Example
                                // when this rank's share is empty
   std::vector<int64_t> indices;  // this rank's sample ids, in order
   std::vector<Slice> micro_rows; // per micro-batch, its ids in `indices`
@@ -39,10 +39,9 @@ struct StepBatch {
 struct LoaderOptions {
   int rank = 0;
   int world_size = 1;
-  int64_t accum_steps = 1;
-  int64_t max_micro_batch = 0;      // 0: no cap
-  std::vector<int64_t> shares;      // per rank, the shares of a full global
-                                    // batch (data/balance.hpp); empty: equal
+  int64_t micro_batch = 0;          // data.micro-batch (MicroBatches::most)
+  std::vector<int64_t> shares;      // per rank, its micro-batches of a full
+                                    // global batch (data/balance.hpp); empty: equal
   int workers = 1;   // 0: build batches on the caller's thread
   int prefetch = 4;  // steps built ahead of the consumer
   bool pin_memory = false;  // page-locked batches, for non-blocking copies to a GPU
@@ -59,7 +58,7 @@ class Loader {
   StepBatch next();
 
   // Deals every step not yet returned by next() with these shares (one
-  // per rank, summing to the global batch). Batches already prepared are
+  // per rank, summing to a full global batch's micro-batches). Batches already prepared are
   // rebuilt. Every rank calls it at the same step.
   void reshare(std::vector<int64_t> shares);
 

@@ -227,8 +227,51 @@ void GradSync::reset_state() {
   for (auto& b : powersgd_) b->reset();
 }
 
+bool GradSync::folds() const {
+  return opts_.compression == Compression::kNone && !(opts_.sink && comm_size_ > 1);
+}
+
+// The micro-batch just computed: its gradients join the step's fp64 sum,
+// and .grad starts again from zero for the next. The fp64 buffers stay
+// allocated from step to step.
+void GradSync::fold() {
+  torch::NoGradGuard no_grad;
+  if (folded_.empty()) {
+    folded_.resize(params_.size());
+    folded_now_.assign(params_.size(), false);
+  }
+  for (size_t k = 0; k < params_.size(); ++k) {
+    auto& p = params_[k];
+    if (!p.grad().defined()) continue;
+    if (!folded_[k].defined()) folded_[k] = torch::empty_like(p, p.options().dtype(torch::kFloat64));
+    if (folded_now_[k]) folded_[k].add_(p.grad());
+    else folded_[k].copy_(p.grad());
+    folded_now_[k] = true;
+    p.mutable_grad().zero_();
+  }
+}
+
+bool GradSync::has_folded(size_t param) const { return param < folded_now_.size() && folded_now_[param]; }
+
+// One rank (nothing to reduce): the fp64 sum, rounded into .grad once.
+void GradSync::settle_folded() {
+  torch::NoGradGuard no_grad;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (!has_folded(k)) continue;
+    auto& p = params_[k];
+    if (p.grad().defined()) {
+      folded_[k].add_(p.grad());
+      p.mutable_grad().copy_(folded_[k]);
+    } else {
+      p.mutable_grad() = folded_[k].to(p.scalar_type());
+    }
+  }
+}
+
 void GradSync::prepare(bool sync) {
   std::unique_lock<std::mutex> lock(mu_);
+  if (folds() && micro_in_step_ > 0) fold();
+  ++micro_in_step_;
   if (opts_.sink) {
     if (sync_) drain(lock);  // the previous micro-batch's buckets
     sync = true;             // every micro-batch is reduced: no whole-model gradient is kept
@@ -261,7 +304,12 @@ void GradSync::launch(size_t b, std::unique_lock<std::mutex>& lock) {
     // waits here rather than keep every gradient of the model alive.
     work_cv_.wait(lock, [&] { return b < reduced_ + kSinkInFlight; });
     for (size_t k : buckets_[b]) take_grad(k);  // a gradient no hook saw: none, or set by hand
-    if (!wire_[b].defined()) wire_[b] = torch::zeros({bucket_numel_[b]}, params_[buckets_[b].front()].options());
+    if (!wire_[b].defined()) {
+      const auto& p = params_[buckets_[b].front()];
+      wire_[b] = torch::zeros({bucket_numel_[b]},
+                              p.options().dtype(opts_.compression == Compression::kNone ? torch::kFloat64
+                                                                                       : p.scalar_type()));
+    }
     ++collectives_;
     queue_.push_back(b);
     work_cv_.notify_all();
@@ -291,6 +339,15 @@ void GradSync::launch(size_t b, std::unique_lock<std::mutex>& lock) {
   torch::Tensor wire = storage_[b];
   if (opts_.compression == Compression::kBf16) wire = wire.to(torch::kBFloat16);
   if (opts_.compression == Compression::kFp16) wire = wire.to(torch::kFloat16);
+  if (opts_.compression == Compression::kNone) {  // the exact sum: this rank's micro-batches, then the ranks'
+    torch::NoGradGuard no_grad;
+    wire = wire.to(torch::kFloat64);
+    for (size_t k : buckets_[b]) {
+      if (has_folded(k)) {
+        wire.narrow(0, offset_in_bucket_[k], params_[k].numel()).add_(folded_[k].reshape({-1}));
+      }
+    }
+  }
   wire_[b] = wire;
   pending_.push_back(comm_.all_reduce_sum_async(wire_[b], "gradient all-reduce"));
 }
@@ -302,10 +359,11 @@ void GradSync::take_grad(size_t param) {
   if (!p.grad().defined()) return;
   torch::NoGradGuard no_grad;
   size_t b = bucket_of_[param];
+  const auto dtype = opts_.compression == Compression::kNone ? torch::kFloat64 : p.scalar_type();  // exact sum
   if (buckets_[b].size() == 1) {
-    wire_[b] = p.grad().reshape({-1});  // a bucket of its own (the embeddings): no copy
+    wire_[b] = p.grad().reshape({-1}).to(dtype);  // a bucket of its own (the embeddings): no copy in fp32
   } else {
-    if (!wire_[b].defined()) wire_[b] = torch::zeros({bucket_numel_[b]}, p.options());
+    if (!wire_[b].defined()) wire_[b] = torch::zeros({bucket_numel_[b]}, p.options().dtype(dtype));
     wire_[b].narrow(0, offset_in_bucket_[param], p.numel()).copy_(p.grad().reshape({-1}));
   }
   p.mutable_grad() = torch::Tensor();
@@ -313,7 +371,10 @@ void GradSync::take_grad(size_t param) {
 
 void GradSync::finalize() {
   std::unique_lock<std::mutex> lock(mu_);
+  micro_in_step_ = 0;
+  if (!sync_) settle_folded();  // one rank: nothing goes on the wire
   drain(lock);
+  folded_now_.assign(folded_now_.size(), false);
 }
 
 void GradSync::drain(std::unique_lock<std::mutex>& lock) {
@@ -332,8 +393,8 @@ void GradSync::drain(std::unique_lock<std::mutex>& lock) {
   pending_.clear();
   lock.unlock();
   for (auto& wait : pending) wait();
-  if (opts_.compression == Compression::kNone) return;  // reduced in place, in the grads
-  for (size_t b = 0; b < buckets_.size(); ++b) storage_[b].copy_(wire_[b]);
+  if (opts_.compression == Compression::kFp32) return;  // reduced in place, in the grads
+  for (size_t b = 0; b < buckets_.size(); ++b) storage_[b].copy_(wire_[b]);  // rounded once
 }
 
 }  // namespace cohort

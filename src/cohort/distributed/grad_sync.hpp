@@ -78,6 +78,16 @@ GradSyncOptions grad_sync_options(const DistOptions& dist, uint64_t seed);
 // worker thread that reduces the buckets strictly in order while backward
 // goes on; finalize() waits for it and rethrows its error.
 //
+// The exact sum (Compression::kNone): micro-batches' gradients are summed
+// in fp64, on this rank (prepare() folds each finished micro-batch's into an
+// fp64 accumulator) and on the wire, and rounded to fp32 once. A sum of
+// fp32 values in fp64 is exact unless they span more than about 2^29 in
+// magnitude, so the result does not depend on which rank computed which
+// micro-batch nor on the order of the sums: the step is the same at any
+// world size. It costs twice fp32's traffic, and an fp64 copy of the
+// gradients on a rank that computes several micro-batches. kFp32 sums in
+// fp32 (half the traffic; the rounding then follows the world size).
+//
 // With a GradShardSink (dist.shard = gradients) there are no bucket buffers:
 // backward fills each parameter's .grad as usual, and its hook copies it
 // into its bucket's wire buffer and frees it; the worker sums a full bucket
@@ -94,7 +104,7 @@ class GradSync {
 
   // Before each micro-batch's backward. `sync` is true only for the last
   // micro-batch of an optimizer step: earlier ones accumulate locally and
-  // issue no collective at all.
+  // issue no collective at all (the exact sum folds them into fp64).
   void prepare(bool sync);
   // After the last backward: launches pending buckets, waits for all, and
   // writes the summed gradients back into every parameter's .grad.
@@ -132,6 +142,12 @@ class GradSync {
   void drain(std::unique_lock<std::mutex>& lock);
   void take_grad(size_t param);
   std::vector<torch::Tensor> bucket_grads(size_t bucket) const;
+  // The exact sum: whether this step's gradients are folded into fp64
+  // (always but where every micro-batch goes to the sink), and the fold.
+  bool folds() const;
+  void fold();
+  bool has_folded(size_t param) const;
+  void settle_folded();
 
   Comm& comm_;
   int comm_size_ = 1;
@@ -152,6 +168,9 @@ class GradSync {
   std::vector<torch::Tensor> wire_;     // per launched bucket: what is all-reduced
   std::vector<std::function<void()>> pending_;
   int64_t collectives_ = 0;
+  std::vector<torch::Tensor> folded_;  // exact sum: per parameter, earlier micro-batches' sum in fp64
+  std::vector<bool> folded_now_;       // per parameter: folded_ holds this step's sum
+  size_t micro_in_step_ = 0;           // prepare() calls since the last finalize()
 
   // powersgd: a compressor per bucket and the worker that runs them in order.
   std::vector<std::unique_ptr<PowerSgdBucket>> powersgd_;

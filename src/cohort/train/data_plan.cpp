@@ -33,7 +33,7 @@ DataPlan plan_data(const Config& cfg, const Dataset& train) {
 BalancerOptions balancer_options(const Config& cfg, int world_size, const std::vector<int64_t>& resumed) {
   BalancerOptions o;
   o.mode = cfg.data.balance;
-  o.global_batch = cfg.data.global_batch;
+  o.micro_batches = MicroBatches{cfg.data.micro_batch}.count(cfg.data.global_batch);
   o.world_size = world_size;
   o.weights = cfg.data.balance_weights;
   o.resumed = resumed;
@@ -44,8 +44,7 @@ LoaderOptions loader_options(const Config& cfg, const World& world, const std::v
   LoaderOptions o;
   o.rank = world.rank;
   o.world_size = world.world_size;
-  o.accum_steps = cfg.optim.accum_steps;
-  o.max_micro_batch = cfg.data.max_micro_batch;
+  o.micro_batch = cfg.data.micro_batch;
   o.shares = shares;
   o.workers = cfg.data.workers;
   o.prefetch = cfg.data.prefetch;

@@ -34,9 +34,8 @@ DataPlan plan_data(const Config& cfg, const Dataset& train);
 // fit).
 BalancerOptions balancer_options(const Config& cfg, int world_size, const std::vector<int64_t>& resumed);
 
-// This rank's loader: its share of each global batch by `shares`, split
-// into micro-batches (optim.accum-steps, data.max-micro-batch), with
-// data.workers background workers.
+// This rank's loader: its share of each global batch's micro-batches
+// (data.micro-batch) by `shares`, with data.workers background workers.
 LoaderOptions loader_options(const Config& cfg, const World& world, const std::vector<int64_t>& shares);
 
 }  // namespace cohort

@@ -1,5 +1,7 @@
 #include "cohort/train/reporting.hpp"
 
+#include <algorithm>
+
 #include "cohort/core/format.hpp"
 #include "cohort/data/balance.hpp"
 #include "cohort/data/dataset.hpp"
@@ -63,12 +65,36 @@ std::vector<std::string> start_lines(const Config& cfg, Task& task, const Datase
                      torch::get_num_threads(), available_cores()));
   out.push_back("cohort: train " + task.train_set().describe());
   out.push_back("cohort: eval  " + eval.describe());
-  out.push_back(strf("cohort: global batch %lld = %d rank(s) x %lld accumulation step(s); %lld steps/epoch, "
-                     "%lld steps total; %s schedule, peak lr %g, %lld warmup steps",
-                     static_cast<long long>(cfg.data.global_batch), world.world_size,
-                     static_cast<long long>(cfg.optim.accum_steps), static_cast<long long>(order.steps_per_epoch()),
+  const MicroBatches cut{cfg.data.micro_batch};
+  const int64_t g = cfg.data.global_batch, micro_batches = cut.count(g);
+  const int64_t largest = cut.at(g, 0).size(), smallest = cut.at(g, micro_batches - 1).size();
+  out.push_back(strf("cohort: global batch %lld = %lld micro-batch(es) of %s sample(s) over %d rank(s); %lld "
+                     "steps/epoch, %lld steps total; %s schedule, peak lr %g, %lld warmup steps",
+                     static_cast<long long>(g), static_cast<long long>(micro_batches),
+                     (largest == smallest ? strf("%lld", static_cast<long long>(largest))
+                                          : strf("%lld-%lld", static_cast<long long>(smallest),
+                                                 static_cast<long long>(largest))).c_str(),
+                     world.world_size, static_cast<long long>(order.steps_per_epoch()),
                      static_cast<long long>(total_steps), name_of(schedule.kind), schedule.peak,
                      static_cast<long long>(schedule.warmup)));
+  if (balancer.mode() == Balance::kEqual && micro_batches % world.world_size != 0) {
+    // The step waits for the rank with the most: say what evens it out.
+    int64_t even = largest;
+    while (even > 1 && MicroBatches{even}.count(g) % world.world_size != 0) --even;
+    const bool found = MicroBatches{even}.count(g) % world.world_size == 0;
+    even = MicroBatches{even}.at(g, 0).size();  // the same cut, named by its largest
+    out.push_back(strf("cohort: note: the %lld micro-batch(es) do not divide evenly over %d ranks (%s)%s",
+                       static_cast<long long>(micro_batches), world.world_size,
+                       describe_split(balancer.shares()).c_str(),
+                       found ? strf("; data.micro-batch %lld deals them evenly", static_cast<long long>(even)).c_str()
+                             : ""));
+  }
+  const int64_t most_per_rank = *std::max_element(balancer.shares().begin(), balancer.shares().end());
+  if (cfg.dist.shard == ShardMode::kGradients && world.world_size > 1 && most_per_rank > 1) {
+    out.push_back(strf("cohort: note: dist.shard gradients sums every micro-batch over the ranks (%lld a step here); "
+                       "a larger data.micro-batch sends fewer sums",
+                       static_cast<long long>(most_per_rank)));
+  }
   if (balancer.mode() != Balance::kEqual) {
     out.push_back(strf("cohort: balance %s: %s", name_of(balancer.mode()), describe_split(balancer.shares()).c_str()));
   }

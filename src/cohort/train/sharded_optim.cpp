@@ -75,13 +75,24 @@ void ShardedOptimizer::add_reduced(const std::vector<size_t>& params, const torc
   for (size_t k : params) {
     int64_t start = starts_[k], n = params_[k].numel();
     int64_t a = std::max(start, lo()), b = std::min(start + n, hi());
-    if (a < b) grad_.narrow(0, a - lo(), b - a).add_(flat.narrow(0, offset + (a - start), b - a));
+    if (a < b) exact_sum().narrow(0, a - lo(), b - a).add_(flat.narrow(0, offset + (a - start), b - a));
     offset += n;
   }
 }
 
+torch::Tensor& ShardedOptimizer::exact_sum() {
+  if (!grad64_.defined()) grad64_ = torch::zeros_like(grad_, grad_.options().dtype(torch::kFloat64));
+  has_exact_ = true;
+  return grad64_;
+}
+
 GradientSet ShardedOptimizer::gradients() {
   if (!shard_grads_) return module_gradients(module_);  // every rank holds every summed gradient
+  if (has_exact_) {  // the step's sum, rounded once
+    grad_.copy_(grad64_);
+    grad64_.zero_();
+    has_exact_ = false;
+  }
   GradientSet g;
   g.device = grad_.device();
   // One piece per parameter in this rank's range, as the unsharded norm
@@ -99,6 +110,8 @@ GradientSet ShardedOptimizer::gradients() {
 
 void ShardedOptimizer::zero_grad_range() {
   if (shard_grads_) grad_.zero_();
+  if (grad64_.defined()) grad64_.zero_();
+  has_exact_ = false;
 }
 
 torch::Tensor ShardedOptimizer::step(LossClosure closure) {

@@ -98,6 +98,12 @@ class ShardedOptimizer : public torch::optim::AdamW, public GradShardSink {
   std::vector<Segment> segments_;      // this rank's range
   torch::Tensor exp_avg_, exp_avg_sq_;  // over the range
   torch::Tensor grad_;                 // gradients mode: the range's summed gradients
+  // The micro-batches' sums in fp64 (GradSync's exact sum), rounded into
+  // grad_ once per step by gradients(): the order of the sums then cannot
+  // change the result.
+  torch::Tensor grad64_;
+  bool has_exact_ = false;
+  torch::Tensor& exact_sum();
   std::vector<int64_t> steps_;         // per parameter, as libtorch's AdamW counts them (the same on every rank)
   torch::nn::Module& module_;
 };

@@ -72,7 +72,7 @@ std::vector<double> global_units(const StepParts& parts, const StepBatch& batch,
 
 // How many micro-batch rounds this step runs: this rank's micro-batches,
 // or, when GradSync reduces every micro-batch (dist.shard = gradients), the
-// most any rank has (shares and data.max-micro-batch differ between ranks),
+// most any rank has (shares differ between ranks),
 // so that every rank issues as many sums; the extra rounds are empty.
 size_t reduce_rounds(const StepParts& parts, const StepBatch& batch) {
   if (!parts.grad_sync || !parts.grad_sync->reduces_every_micro_batch()) return batch.micro.size();
