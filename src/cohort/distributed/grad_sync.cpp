@@ -4,10 +4,38 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
+#include <ATen/Parallel.h>
+
 #include "cohort/core/error.hpp"
 #include "cohort/distributed/comm.hpp"
 
 namespace cohort {
+
+namespace {
+
+// The exact sum's step: `acc` (fp64) = or += `src` (fp32). On the CPU a
+// plain loop: torch's mixed-dtype add_ takes its casting path, about 9x
+// the time of a copy here (5.5M elements: 26 ms against 3).
+void accumulate_fp64(torch::Tensor& acc, const torch::Tensor& src, bool add) {
+  torch::NoGradGuard no_grad;
+  if (!acc.is_cpu() || src.scalar_type() != torch::kFloat32 || acc.scalar_type() != torch::kFloat64 ||
+      !acc.is_contiguous() || !src.is_contiguous()) {
+    if (add) acc.add_(src.reshape(acc.sizes()));
+    else acc.copy_(src.reshape(acc.sizes()));
+    return;
+  }
+  double* a = acc.data_ptr<double>();
+  const float* x = src.data_ptr<float>();
+  at::parallel_for(0, acc.numel(), int64_t{1} << 16, [&](int64_t begin, int64_t end) {
+    if (add) {
+      for (int64_t i = begin; i < end; ++i) a[i] += static_cast<double>(x[i]);
+    } else {
+      for (int64_t i = begin; i < end; ++i) a[i] = static_cast<double>(x[i]);
+    }
+  });
+}
+
+}  // namespace
 
 GradSyncOptions grad_sync_options(const DistOptions& dist, uint64_t seed) {
   GradSyncOptions o;
@@ -113,7 +141,11 @@ GradSync::GradSync(Comm& comm, torch::nn::Module& module, GradSyncOptions opts)
       offset += p.numel();
     }
     storage_.push_back(flat);
+    // The exact sum's fp64 buffer: this rank's micro-batches folded in, then
+    // the wire itself.
+    if (opts_.compression == Compression::kNone) exact_.push_back(torch::zeros({numel}, flat.options().dtype(torch::kFloat64)));
   }
+  exact_now_.assign(exact_.size(), false);
   for (size_t k = 0; k < params_.size(); ++k) {
     auto acc = torch::autograd::impl::grad_accumulator(params_[k]);
     hook_keys_.push_back(acc->add_post_hook(std::make_unique<Hook>(this, k)));
@@ -232,10 +264,20 @@ bool GradSync::folds() const {
 }
 
 // The micro-batch just computed: its gradients join the step's fp64 sum,
-// and .grad starts again from zero for the next. The fp64 buffers stay
-// allocated from step to step.
+// and .grad starts again from zero for the next. With buckets (several
+// ranks) the sum is kept per bucket, where it goes on the wire; on one rank
+// per parameter. The fp64 buffers stay allocated from step to step.
 void GradSync::fold() {
   torch::NoGradGuard no_grad;
+  if (!exact_.empty()) {
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      attach_grads(b);
+      accumulate_fp64(exact_[b], storage_[b], exact_now_[b]);
+      exact_now_[b] = true;
+      storage_[b].zero_();
+    }
+    return;
+  }
   if (folded_.empty()) {
     folded_.resize(params_.size());
     folded_now_.assign(params_.size(), false);
@@ -244,8 +286,7 @@ void GradSync::fold() {
     auto& p = params_[k];
     if (!p.grad().defined()) continue;
     if (!folded_[k].defined()) folded_[k] = torch::empty_like(p, p.options().dtype(torch::kFloat64));
-    if (folded_now_[k]) folded_[k].add_(p.grad());
-    else folded_[k].copy_(p.grad());
+    accumulate_fp64(folded_[k], p.grad().contiguous(), folded_now_[k]);
     folded_now_[k] = true;
     p.mutable_grad().zero_();
   }
@@ -260,7 +301,7 @@ void GradSync::settle_folded() {
     if (!has_folded(k)) continue;
     auto& p = params_[k];
     if (p.grad().defined()) {
-      folded_[k].add_(p.grad());
+      accumulate_fp64(folded_[k], p.grad().contiguous(), true);
       p.mutable_grad().copy_(folded_[k]);
     } else {
       p.mutable_grad() = folded_[k].to(p.scalar_type());
@@ -297,6 +338,24 @@ void GradSync::mark_ready(size_t param) {
   while (next_launch_ < buckets_.size() && waiting_[next_launch_] == 0) launch(next_launch_++, lock);
 }
 
+// Re-attaches any gradient something replaced (rather than updated in
+// place) since the last step, so the bucket's buffer holds every gradient.
+void GradSync::attach_grads(size_t b) {
+  int64_t offset = 0;
+  for (size_t k : buckets_[b]) {
+    auto& p = params_[k];
+    auto view = storage_[b].narrow(0, offset, p.numel()).view_as(p);
+    if (!p.grad().defined()) {
+      view.zero_();
+      p.mutable_grad() = view;
+    } else if (p.grad().data_ptr() != view.data_ptr()) {
+      view.copy_(p.grad());
+      p.mutable_grad() = view;
+    }
+    offset += p.numel();
+  }
+}
+
 void GradSync::launch(size_t b, std::unique_lock<std::mutex>& lock) {
   if (opts_.sink) {  // the gradients are in the wire buffer already (mark_ready)
     // At most kSinkInFlight buckets are with the worker: when the network
@@ -315,21 +374,7 @@ void GradSync::launch(size_t b, std::unique_lock<std::mutex>& lock) {
     work_cv_.notify_all();
     return;
   }
-  // Re-attach any gradient something replaced (rather than updated in place)
-  // since the last step, so the bucket's buffer holds every gradient.
-  int64_t offset = 0;
-  for (size_t k : buckets_[b]) {
-    auto& p = params_[k];
-    auto view = storage_[b].narrow(0, offset, p.numel()).view_as(p);
-    if (!p.grad().defined()) {
-      view.zero_();
-      p.mutable_grad() = view;
-    } else if (p.grad().data_ptr() != view.data_ptr()) {
-      view.copy_(p.grad());
-      p.mutable_grad() = view;
-    }
-    offset += p.numel();
-  }
+  attach_grads(b);
   ++collectives_;
   if (!powersgd_.empty()) {
     queue_.push_back(b);
@@ -340,13 +385,8 @@ void GradSync::launch(size_t b, std::unique_lock<std::mutex>& lock) {
   if (opts_.compression == Compression::kBf16) wire = wire.to(torch::kBFloat16);
   if (opts_.compression == Compression::kFp16) wire = wire.to(torch::kFloat16);
   if (opts_.compression == Compression::kNone) {  // the exact sum: this rank's micro-batches, then the ranks'
-    torch::NoGradGuard no_grad;
-    wire = wire.to(torch::kFloat64);
-    for (size_t k : buckets_[b]) {
-      if (has_folded(k)) {
-        wire.narrow(0, offset_in_bucket_[k], params_[k].numel()).add_(folded_[k].reshape({-1}));
-      }
-    }
+    accumulate_fp64(exact_[b], storage_[b], exact_now_[b]);
+    wire = exact_[b];
   }
   wire_[b] = wire;
   pending_.push_back(comm_.all_reduce_sum_async(wire_[b], "gradient all-reduce"));
@@ -375,6 +415,7 @@ void GradSync::finalize() {
   if (!sync_) settle_folded();  // one rank: nothing goes on the wire
   drain(lock);
   folded_now_.assign(folded_now_.size(), false);
+  exact_now_.assign(exact_now_.size(), false);
 }
 
 void GradSync::drain(std::unique_lock<std::mutex>& lock) {

@@ -146,6 +146,7 @@ class GradSync {
   // (always but where every micro-batch goes to the sink), and the fold.
   bool folds() const;
   void fold();
+  void attach_grads(size_t bucket);
   bool has_folded(size_t param) const;
   void settle_folded();
 
@@ -168,8 +169,12 @@ class GradSync {
   std::vector<torch::Tensor> wire_;     // per launched bucket: what is all-reduced
   std::vector<std::function<void()>> pending_;
   int64_t collectives_ = 0;
-  std::vector<torch::Tensor> folded_;  // exact sum: per parameter, earlier micro-batches' sum in fp64
-  std::vector<bool> folded_now_;       // per parameter: folded_ holds this step's sum
+  // The exact sum in fp64: per bucket with several ranks (the wire too),
+  // per parameter on one rank; *_now_: holds this step's sum.
+  std::vector<torch::Tensor> exact_;
+  std::vector<bool> exact_now_;
+  std::vector<torch::Tensor> folded_;
+  std::vector<bool> folded_now_;
   size_t micro_in_step_ = 0;           // prepare() calls since the last finalize()
 
   // powersgd: a compressor per bucket and the worker that runs them in order.
