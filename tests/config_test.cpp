@@ -221,6 +221,39 @@ TEST(Config, ResumeRefusesFixedKeysAndReportsTheRest) {
       << e;
 }
 
+// optim.accum-steps and data.max-micro-batch are gone (data.micro-batch
+// cuts the same micro-batches at every world size). A run's own config.toml
+// from before still loads (it is checksummed: eval, export and resume must
+// read it), and a resume from it says that the steps now round differently;
+// in a config the user writes they are refused with the key that replaced
+// them.
+TEST(Config, RetiredKeysAreReadFromARunsConfigAndRefusedInAUsersOne) {
+  TempDir tmp;
+  std::string resolved;
+  {
+    CLI::App app;
+    Config cfg;
+    ConfigBinding binding(app, cfg);
+    app.parse(std::vector<std::string>{});
+    resolved = binding.to_toml();
+  }
+  std::string old = resolved;
+  old.replace(old.find("[optim]\n"), 8, "[optim]\naccum-steps = 4\n");
+  old.replace(old.find("[data]\n"), 7, "[data]\nmax-micro-batch = 16\n");
+  old.erase(old.find("micro-batch = 0\n"), 16);  // it predates data.micro-batch
+  write_file(tmp / "old-run.toml", old);
+  Config back = parse({}, tmp / "old-run.toml");
+  EXPECT_EQ(back.data.micro_batch, 0);
+  auto changes = check_resume_config(old, resolved);
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_NE(changes[0].find("data.micro-batch: each rank's share whole, summed in fp32"), std::string::npos)
+      << changes[0];
+
+  write_file(tmp / "mine.toml", "[optim]\naccum-steps = 4\n");
+  std::string e = error_of([&] { parse({}, tmp / "mine.toml"); });
+  EXPECT_NE(e.find("unknown key 'optim.accum-steps' (did you mean 'data.micro-batch'?)"), std::string::npos) << e;
+}
+
 TEST(Config, EveryKeyHasOneScope) {
   CLI::App app;
   Config cfg;

@@ -38,6 +38,9 @@ struct ConfigBinding::Key {
 
 namespace {
 
+// The first line of a config.toml Cohort writes (ConfigBinding::to_toml).
+constexpr const char* kResolvedHeader = "# Fully resolved Cohort config: every key, defaults included.\n";
+
 std::string toml_value(const std::string& v) {
   std::string out = "\"";
   for (char c : v) {
@@ -392,7 +395,7 @@ std::string closest_key(const std::string& name) {
       {"lr-scheduler-type", "optim.schedule"}, {"gradient-accumulation-steps", "data.micro-batch"},
       {"logging-steps", "log.every-steps"}, {"eval-steps", "eval.every-steps"},
       {"save-steps", "ckpt.every-steps"},   {"save-total-limit", "ckpt.keep"},
-      {"metric-for-best-model", "ckpt.best-metric"}, {"per-device-train-batch-size", "data.global-batch"},
+      {"metric-for-best-model", "ckpt.best-metric"}, {"per-device-train-batch-size", "data.micro-batch"},
       {"train-batch-size", "data.global-batch"}, {"per-device-eval-batch-size", "eval.batch"},
       {"dataloader-num-workers", "data.workers"}, {"max-seq-length", "data.max-seq-length"},
       {"device", "train.device"},           {"batch", "data.global-batch"},
@@ -498,6 +501,14 @@ std::vector<std::string> check_resume_config(const std::string& saved_toml, cons
                  " in the checkpoint but is ", value,
                  " now; it changes what is trained. Resume with the original value or start a new run");
     changes.push_back(key + ": " + was + " -> " + value);
+  }
+  if (saved.count("optim.accum-steps") && !saved.count("data.micro-batch")) {
+    // Written before micro-batches were cut the same at every world size
+    // (every config.toml then held optim.accum-steps): its steps computed
+    // each rank's share whole and summed it in fp32.
+    changes.push_back("data.micro-batch: each rank's share whole, summed in fp32 (the checkpoint predates the key) -> "
+                      "the same micro-batches at every world size, summed exactly: the steps from here round "
+                      "differently from the original run's");
   }
   return changes;
 }
@@ -709,6 +720,7 @@ void ConfigBinding::apply_file(const std::string& path) {
     text.assign(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
   }
   if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);  // a UTF-8 byte-order mark (Windows editors)
+  const bool written_by_cohort = text.rfind(kResolvedHeader, 0) == 0;  // a run's config.toml (to_toml)
   std::map<std::string, Key*> by_name;
   for (auto& k : keys_) by_name[k->name] = k.get();
   std::set<std::string> seen;
@@ -717,15 +729,13 @@ void ConfigBinding::apply_file(const std::string& path) {
     const std::string where = detail::cat("config ", path, ":", item.line, ": key '", name, "'");
     COHORT_CHECK(seen.insert(name).second, UsageError, where, " is given twice (a repeated [section]?)");
     auto it = by_name.find(name);
-    // Keys of earlier Cohorts that a run's config.toml may hold: at the
-    // value that had no effect they are passed over; otherwise the hint
-    // names the key that replaced them.
-    static const std::map<std::string, std::string> retired = {{"optim.accum-steps", "1"},
-                                                               {"data.max-micro-batch", "0"}};
-    if (auto r = retired.find(name); it == by_name.end() && r != retired.end() && item.values.size() == 1 &&
-                                     item.values[0] == r->second) {
-      continue;
-    }
+    // Keys of earlier Cohorts that a run's config.toml may hold (a run
+    // written by Cohort, whose checksummed config cannot be edited) are
+    // passed over: what they set, data.micro-batch now sets for every
+    // world size, and a resume says so (check_resume_config). In a config
+    // the user writes, the hint names the key that replaced them.
+    static const std::set<std::string> retired = {"optim.accum-steps", "data.max-micro-batch"};
+    if (it == by_name.end() && retired.count(name) && written_by_cohort) continue;
     if (it == by_name.end()) {
       std::string hint = closest_key(name);
       throw UsageError(detail::cat("config ", path, ":", item.line, ": unknown key '", name, "'",
@@ -765,7 +775,7 @@ void ConfigBinding::apply_file(const std::string& path) {
 
 std::string ConfigBinding::to_toml() const {
   std::ostringstream os;
-  os << "# Fully resolved Cohort config: every key, defaults included.\n";
+  os << kResolvedHeader;
   std::string section;
   for (const auto& k : keys_) {
     auto dot = k->name.find('.');

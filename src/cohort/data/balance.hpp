@@ -5,8 +5,10 @@
 // sample order (MicroBatches, data.micro-batch), the same cut at any world
 // size, and ranks are dealt contiguous runs of whole micro-batches. So a
 // step computes the same micro-batches, each with the same shapes and the
-// same per-sample results, whatever the world size and split; only the
-// order in which their gradients are summed changes (docs/design.md).
+// same per-sample results, whatever the world size and split; with
+// dist.grad-compression none and dist.sync step GradSync sums their
+// gradients exactly, so the sum's order does not matter either
+// (docs/design.md, World-size independence).
 //
 // Ranks of different speeds (data.balance): the shares, counted in
 // micro-batches of a full global batch, follow integer weights. `equal`
@@ -68,7 +70,7 @@ std::vector<int64_t> shares_for_speeds(int64_t n, const std::vector<double>& spe
 // The step time a split predicts: the slowest rank's share / speed.
 double predicted_seconds(const std::vector<int64_t>& shares, const std::vector<double>& speeds);
 
-// "rank 0 5 micro-batches, rank 1 3"
+// "rank 0 5 micro-batch(es), rank 1 3"
 std::string describe_split(const std::vector<int64_t>& shares);
 
 struct BalancerOptions {
@@ -121,7 +123,7 @@ class SpeedBalance {
 
   SpeedBalance(Balancer& balancer, Loader& loader, int rank, int world_size, int64_t every, int64_t first_step);
   // After step `step` of `total`, with this rank's samples of it. Returns
-  // "balance: step 40: rank 0 5 micro-batches, rank 1 3 (measured 410, 230
+  // "balance: step 40: rank 0 5 micro-batch(es), rank 1 3 (measured 410, 230
   // samples/s)" when the split changed, "" otherwise.
   // `clock` timed this rank's forward and backward; it is read (on a GPU,
   // one wait for the device) only at the measurement.

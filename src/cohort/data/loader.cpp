@@ -43,8 +43,8 @@ StepBatch Loader::build(int64_t k, const std::vector<int64_t>& shares) const {
   const Slice mine = weighted_slice(cut.count(out.global_samples), shares, opts_.rank);
   // An empty share still runs one (empty) micro-batch: the step's
   // collectives are every rank's.
-  for (int64_t k = 0; k < std::max<int64_t>(mine.size(), 1); ++k) {
-    const Slice micro = mine.size() == 0 ? Slice{} : cut.at(out.global_samples, mine.begin + k);
+  for (int64_t j = 0; j < std::max<int64_t>(mine.size(), 1); ++j) {
+    const Slice micro = mine.size() == 0 ? Slice{} : cut.at(out.global_samples, mine.begin + j);
     out.micro_rows.push_back({static_cast<int64_t>(out.indices.size()),
                               static_cast<int64_t>(out.indices.size()) + micro.size()});
     std::vector<int64_t> ids;

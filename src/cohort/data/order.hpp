@@ -2,8 +2,8 @@
 //
 // The global sample order. Each epoch is one permutation of the whole dataset,
 // a pure function of (seed, epoch), cut into consecutive global batches. A
-// global batch is dealt to ranks as contiguous, near-equal slices, and each
-// rank's slice into accumulation micro-batches. Nothing here depends on the
+// global batch is cut into micro-batches, dealt to ranks as contiguous runs
+// of whole ones (data/balance.hpp, MicroBatches). Nothing here depends on the
 // world size except the dealing, so the set of samples in optimizer step s is
 // the same for any world size, and a Cursor saved at one world size resumes at
 // another.

@@ -413,9 +413,15 @@ void GradSync::finalize() {
   std::unique_lock<std::mutex> lock(mu_);
   micro_in_step_ = 0;
   if (!sync_) settle_folded();  // one rank: nothing goes on the wire
+  // The next step starts its sums afresh, even when this one fails.
+  struct Fresh {
+    GradSync& s;
+    ~Fresh() {
+      s.folded_now_.assign(s.folded_now_.size(), false);
+      s.exact_now_.assign(s.exact_now_.size(), false);
+    }
+  } fresh{*this};
   drain(lock);
-  folded_now_.assign(folded_now_.size(), false);
-  exact_now_.assign(exact_now_.size(), false);
 }
 
 void GradSync::drain(std::unique_lock<std::mutex>& lock) {

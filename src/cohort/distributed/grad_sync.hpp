@@ -80,13 +80,16 @@ GradSyncOptions grad_sync_options(const DistOptions& dist, uint64_t seed);
 //
 // The exact sum (Compression::kNone): micro-batches' gradients are summed
 // in fp64, on this rank (prepare() folds each finished micro-batch's into an
-// fp64 accumulator) and on the wire, and rounded to fp32 once. A sum of
-// fp32 values in fp64 is exact unless they span more than about 2^29 in
-// magnitude, so the result does not depend on which rank computed which
-// micro-batch nor on the order of the sums: the step is the same at any
-// world size. It costs twice fp32's traffic, and an fp64 copy of the
-// gradients on a rank that computes several micro-batches. kFp32 sums in
-// fp32 (half the traffic; the rounding then follows the world size).
+// fp64 accumulator) and on the wire, and rounded to fp32 once. A sum of k
+// fp32 values in fp64 is exact unless they span more than about 2^(29 -
+// log2 k) in magnitude, and even then its error is far below fp32's
+// rounding, so the result (nearly always to the bit) does not depend on
+// which rank computed which micro-batch nor on the order of the sums: the
+// step is the same at any world size. It costs twice fp32's traffic and an
+// fp64 copy of the gradients (per bucket with several ranks, where it is
+// the wire; per parameter on one rank computing several micro-batches).
+// kFp32 sums in fp32 (half the traffic; the rounding then follows the
+// world size).
 //
 // With a GradShardSink (dist.shard = gradients) there are no bucket buffers:
 // backward fills each parameter's .grad as usual, and its hook copies it
@@ -104,7 +107,9 @@ class GradSync {
 
   // Before each micro-batch's backward. `sync` is true only for the last
   // micro-batch of an optimizer step: earlier ones accumulate locally and
-  // issue no collective at all (the exact sum folds them into fp64).
+  // issue no collective at all (the exact sum folds them into fp64, so
+  // .grad holds only the micro-batches since: every step's prepare() calls
+  // end with finalize(), which puts the whole sum back).
   void prepare(bool sync);
   // After the last backward: launches pending buckets, waits for all, and
   // writes the summed gradients back into every parameter's .grad.

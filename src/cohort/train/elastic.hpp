@@ -14,8 +14,8 @@
 //      the state at the last step every survivor completed;
 //   4. a new Trainer in that world takes rank 0's state by broadcast and
 //      re-deals the rest of the epoch from the cursor to the new ranks; the
-//      global batch is unchanged (the per-rank share and accumulation absorb
-//      the change).
+//      global batch and its micro-batches are unchanged (only how many each
+//      rank computes changes).
 //
 // When no member of the previous world survived with its state, the world
 // goes on from the run's latest checkpoint instead (the log says why); when
