@@ -47,7 +47,7 @@ for round in $(seq 1 "$rounds"); do
     failed_rounds=$((failed_rounds + 1))
     while read -r name; do
       [ -n "$name" ] && failures["$name"]+="$round "
-    done < <(sed -n 's/^[[:space:]]*[0-9]* - \([^ ]*\) (.*/\1/p' "$log")
+    done < <(sed -n '/^The following tests FAILED:/,$ s/^[[:space:]]*[0-9]* - \([^ ]*\) (.*/\1/p' "$log")
   fi
 done
 if [ "$failed_rounds" -eq 0 ]; then

@@ -211,9 +211,57 @@ TEST(Resume, BitIdenticalAtTheSameWorldSize) {
   ASSERT_EQ(full.code, 0) << full.err;
   auto first = run_cohort(common + " --train.max-steps 9 --out " + (tmp / "split"));
   ASSERT_EQ(first.code, 0) << first.err;
-  auto second = run_cohort("train --resume " + (tmp / "split") + " --train.max-steps 20 --nproc-per-node 2");
+  // No launch flags: the resume launches the run's recorded shape (2 ranks).
+  auto second = run_cohort("train --resume " + (tmp / "split") + " --train.max-steps 20");
   ASSERT_EQ(second.code, 0) << second.err;
+  const std::string said = second.out + second.err;
+  EXPECT_NE(said.find("(written by 2 rank(s), now 2)"), std::string::npos) << said;
+  EXPECT_EQ(said.find("launch shape changed"), std::string::npos) << said;
   EXPECT_EQ(weights_of(tmp / "full/checkpoints/step-20"), weights_of(tmp / "split/checkpoints/step-20"));
+}
+
+// A resume with train.threads auto takes the recorded threads, not this
+// machine's cores / ranks (another machine, or a run recorded as 1 thread
+// here): the start-up line says which.
+TEST(Resume, KeepsTheRecordedThreads) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 40);
+  auto first = run_cohort("train" + kTiny + "--train.max-steps 2 --data.path " + tmp.path() + " --out " + (tmp / "run"));
+  ASSERT_EQ(first.code, 0) << first.err;
+  const std::string recorded = read_file(tmp / "run/launch.json");
+  EXPECT_NE(recorded.find("\"ranks\": 1"), std::string::npos) << recorded;
+  write_file(tmp / "run/launch.json", R"({"nodes": [{"ranks": 1, "threads": 1}]})");
+  auto second = run_cohort("train --resume " + (tmp / "run") + " --train.max-steps 4");
+  ASSERT_EQ(second.code, 0) << second.err;
+  const std::string said = second.out + second.err;
+  EXPECT_NE(said.find(" 1 thread(s) of "), std::string::npos) << said;
+  EXPECT_EQ(said.find("launch shape changed"), std::string::npos) << said;
+}
+
+// A run of several nodes continues on each node with its own command: a
+// resume without --nnodes names it in one line, and a damaged record is
+// named too.
+TEST(Resume, MultiNodeShapeNamesTheCommandForEachNode) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 40);
+  auto first = run_cohort("train" + kTiny + "--train.max-steps 2 --data.path " + tmp.path() + " --out " + (tmp / "run"));
+  ASSERT_EQ(first.code, 0) << first.err;
+  write_file(tmp / "run/launch.json", R"({"nodes": [{"ranks": 2, "threads": 1}, {"ranks": 1, "threads": 2}]})");
+  auto r = run_cohort("train --resume " + (tmp / "run") + " --train.max-steps 4");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("ran as 3 rank(s) on 2 nodes (2+1), 1/2 thread(s) per rank by node: continue it with this "
+                       "command on each node: cohort train --resume " + (tmp / "run") +
+                       " --nnodes 2 --node-rank K --init-method"),
+            std::string::npos) << r.err;
+  write_file(tmp / "run/launch.json", R"({"nodes": [{"ranks": 0, "threads": 1}]})");
+  r = run_cohort("train --resume " + (tmp / "run") + " --train.max-steps 4");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("launch.json: a node with 0 rank(s)"), std::string::npos) << r.err;
+  // --nnodes 1 goes on with this node alone, at the flags' shape.
+  write_file(tmp / "run/launch.json", R"({"nodes": [{"ranks": 2, "threads": 1}, {"ranks": 1, "threads": 2}]})");
+  r = run_cohort("train --resume " + (tmp / "run") + " --train.max-steps 4 --nnodes 1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("launch shape changed on resume: was 3 rank(s) on 2 nodes (2+1)"), std::string::npos) << r.out;
 }
 
 // Contract 2 across resumes: 2 ranks, then 3, then 1, consume each epoch's
@@ -225,7 +273,9 @@ TEST(Resume, OtherWorldSizesConsumeExactlyTheRemainingSamples) {
   ASSERT_EQ(run_cohort(common + " --nproc-per-node 2 --train.max-steps 5 --out " + (tmp / "run")).code, 0);
   auto r3 = run_cohort("train --resume " + (tmp / "run") + " --nproc-per-node 3 --oversubscribe --train.max-steps 11");
   ASSERT_EQ(r3.code, 0) << r3.err;
-  auto r1 = run_cohort("train --resume " + (tmp / "run") + " --train.max-steps 19");
+  EXPECT_NE(r3.out.find("launch shape changed on resume: was 2 rank(s), "), std::string::npos) << r3.out;
+  EXPECT_NE(r3.out.find(", now 3 rank(s), "), std::string::npos) << r3.out;
+  auto r1 = run_cohort("train --resume " + (tmp / "run") + " --nproc-per-node 1 --train.max-steps 19");
   ASSERT_EQ(r1.code, 0) << r1.err;
 
   auto steps = ids_per_step(tmp / "run");

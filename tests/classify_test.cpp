@@ -234,7 +234,8 @@ TEST(BertClassify, FineTunesFromAPretrainingCheckpointWithMetricsIdenticalAtAnyW
   EXPECT_EQ(predictions[0][0]["probabilities"].size(), 3u);
   EXPECT_TRUE(predictions[0][0].contains("true_label"));
 
-  // cohort eval prints the confusion matrix; cohort predict writes a line per input.
+  // cohort eval prints per-class F1 and writes the confusion matrix to a
+  // file; cohort predict writes a line per input.
   // cohort eval's line goes to TensorBoard too (a file of its own beside the
   // run's), and --plot draws the confusion matrix as a heatmap.
   auto event_files = [&] {
@@ -245,7 +246,13 @@ TEST(BertClassify, FineTunesFromAPretrainingCheckpointWithMetricsIdenticalAtAnyW
   const size_t events_before = event_files();
   auto eval = run_cohort("eval " + tmp / "fine --split test --plot");
   ASSERT_EQ(eval.code, 0) << eval.err;
-  EXPECT_NE(eval.out.find("confusion matrix (rows: true label"), std::string::npos) << eval.out;
+  // The terminal gets a per-class summary; the matrix goes to a file.
+  EXPECT_NE(eval.out.find(" of 3 classes in the split or predicted): "), std::string::npos) << eval.out;
+  EXPECT_EQ(eval.out.find("confusion matrix (rows: true label"), std::string::npos) << eval.out;
+  EXPECT_NE(eval.out.find("cohort: confusion matrix: " + tmp / "fine/confusion-test-step-30.txt"), std::string::npos)
+      << eval.out;
+  EXPECT_NE(read_file(tmp / "fine/confusion-test-step-30.txt").find("confusion matrix (rows: true label"),
+            std::string::npos);
   EXPECT_EQ(event_files(), events_before + 1);
   if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
     EXPECT_TRUE(std::filesystem::exists(tmp / "fine/confusion-test-step-30.png")) << eval.out;
@@ -265,6 +272,10 @@ TEST(BertClassify, FineTunesFromAPretrainingCheckpointWithMetricsIdenticalAtAnyW
   ASSERT_EQ(eval3.code, 0) << eval3.err;
   auto evals = eval_lines();
   ASSERT_EQ(evals.size(), 2u);
+  // The second evaluation of step 30 says it goes beside the first, and each is marked.
+  EXPECT_NE(eval3.out.find("metrics.jsonl already holds 1 test evaluation(s) of step 30: this one is added beside"),
+            std::string::npos) << eval3.out;
+  EXPECT_EQ(evals[0].value("source", ""), "cohort eval");
   for (const auto& [key, value] : evals[0].items()) {
     if (key == "loss") EXPECT_NEAR(evals[1][key].get<double>(), value.get<double>(), 1e-6);
     else EXPECT_EQ(evals[1][key], value) << key << " on 3 ranks";

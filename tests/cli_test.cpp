@@ -63,6 +63,8 @@ TEST(Cli, UsageErrorsExitTwo) {
   expect_one_error_line(run_cohort("train --out " + (tmp / "r") + " --config " + (tmp / "type.toml")), 2,
                         "train.max-steps");
   expect_one_error_line(run_cohort("frobnicate"), 2, "frobnicate");
+  expect_one_error_line(run_cohort("eval " + (tmp / "wordnet-tin")), 2, "wordnet-tin: no such directory");
+  expect_one_error_line(run_cohort("train --resume " + (tmp / "wordnet-tin")), 2, "wordnet-tin: no such directory");
   EXPECT_FALSE(std::filesystem::exists(tmp / "r")) << "a refused run must not create its run dir";
 }
 
@@ -221,6 +223,12 @@ TEST(Cli, ForeignSpellingsGetCohortsFlag) {
     const std::string sub = args.substr(0, args.find(' '));
     EXPECT_NE(r.err.find("(see 'cohort " + sub + " --help')"), std::string::npos) << args << ": " << r.err;
   }
+  // A batch size by Hugging Face's name is not a rename: the hint says how they differ.
+  Result batch = run_cohort("train --per_device_train_batch_size 8");
+  EXPECT_EQ(batch.code, 2);
+  EXPECT_NE(batch.err.find("(did you mean '--data.micro-batch'?): a step takes --data.global-batch samples over all "
+                           "ranks (per-device batch x devices x accumulation steps)"),
+            std::string::npos) << batch.err;
   // In a config file: a section by another tool's name.
   TempDir tmp;
   write_file(tmp / "c.toml", "[optimizer]\nlr = 0.1\n");

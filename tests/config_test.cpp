@@ -43,6 +43,19 @@ TEST(Config, CommandLineSetsTypedFields) {
   EXPECT_EQ(cfg.train.threads, 3);
 }
 
+// A boolean key takes no value, =false, or true/false as the next word, as
+// `prepare --nsp false` does; a word that is neither is refused.
+TEST(Config, BooleanKeysTakeTrueOrFalseAsTheirOwnWord) {
+  EXPECT_FALSE(parse({"--task.nsp", "false", "--optim.lr", "0.5"}).task_key<bool>("task.nsp"));
+  EXPECT_TRUE(parse({"--task.nsp", "true"}).task_key<bool>("task.nsp"));
+  EXPECT_FALSE(parse({"--task.nsp=false"}).task_key<bool>("task.nsp"));
+  Config flag = parse({"--data.drop-last", "--optim.lr", "0.5"});
+  EXPECT_TRUE(flag.data.drop_last);
+  EXPECT_DOUBLE_EQ(flag.optim.lr, 0.5);
+  EXPECT_FALSE(parse({"--data.drop-last", "false"}).data.drop_last);
+  EXPECT_NE(error_of([] { parse({"--data.drop-last", "maybe"}); }).find("maybe"), std::string::npos);
+}
+
 TEST(Config, FileSetsKeysAndCommandLineWins) {
   TempDir tmp;
   write_file(tmp / "c.toml",
@@ -65,6 +78,11 @@ TEST(Config, UnknownFileKeyIsAnErrorNamingFileAndKey) {
 
   write_file(tmp / "d.toml", "[optim]\nlrr = 0.5\n");
   msg = error_of([&] { parse({}, tmp / "d.toml"); });
+  EXPECT_NE(msg.find("did you mean 'optim.lr'"), std::string::npos) << msg;
+
+  // As few edits from optim.name as from optim.lr: the common start decides.
+  write_file(tmp / "f.toml", "[optim]\nlrate = 0.5\n");
+  msg = error_of([&] { parse({}, tmp / "f.toml"); });
   EXPECT_NE(msg.find("did you mean 'optim.lr'"), std::string::npos) << msg;
 
   write_file(tmp / "e.toml", "[nosuch]\nlr = 0.5\n");

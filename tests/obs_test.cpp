@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <set>
 
 #include "cohort/obs/tensorboard.hpp"
 #include "helpers.hpp"
@@ -15,6 +16,7 @@ using namespace cohort;
 using cohort::test::read_file;
 using cohort::test::run_cohort;
 using cohort::test::TempDir;
+using cohort::test::write_file;
 
 namespace {
 
@@ -145,6 +147,15 @@ TEST(TensorBoard, TrainingRunMatchesMetricsJsonl) {
   ASSERT_EQ(tb_loss.size(), 3u);
   ASSERT_EQ(jsonl_loss.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(static_cast<float>(tb_loss[i]), static_cast<float>(jsonl_loss[i]));
+  // The rate's chart is named by what it counts (metrics.jsonl says it as "unit").
+  auto first = nlohmann::json::parse(cohort::test::lines_of(read_file(tmp / "run/metrics.jsonl"))[0]);
+  const std::string unit = first.value("unit", "");
+  ASSERT_FALSE(unit.empty() || unit == "tokens") << first.dump();
+  std::set<std::string> tags;
+  for (const auto& s : scalars) tags.insert(s.tag);
+  EXPECT_TRUE(tags.count("train/" + unit + "_per_s")) << unit;
+  EXPECT_FALSE(tags.count("train/tokens_per_s"));
+  EXPECT_FALSE(tags.count("train/unit"));
 }
 
 // The phases of the breakdown add up to the measured step time, and a rank
@@ -195,6 +206,34 @@ TEST(Plot, DrawsAPngOfARealRun) {
     EXPECT_NE(script.find(want), std::string::npos) << want << " in\n" << script;
   }
   EXPECT_EQ(script.find("units/s"), std::string::npos) << script;
+  // The last evaluation's value is in the key, with four significant
+  // digits, not written over the curves.
+  EXPECT_NE(script.find("title 'eval (test), last "), std::string::npos) << script;
+  EXPECT_EQ(script.find("set label"), std::string::npos) << script;
+  // A run of train.epochs has its whole schedule too (its length from the
+  // training set's size in the checkpoint).
+  auto epochs = run_cohort("train --model.name mlp --data.global-batch 4 --train.epochs 2 --optim.warmup-ratio 0.2 "
+                           "--quiet --data.path " + tmp.path() + " --out " + (tmp / "epochs"));
+  ASSERT_EQ(epochs.code, 0) << epochs.err;
+  ASSERT_EQ(run_cohort("plot " + (tmp / "epochs")).code, 0);
+  EXPECT_NE(read_file(tmp / "epochs/.plot/plot.gp").find("title 'schedule'"), std::string::npos);
+  EXPECT_EQ(cohort::test::lines_of(read_file(tmp / "epochs/.plot/lr.dat")).size(), 16u);
+  // Five panels (BERT's loss, two accuracies, lr, throughput): the sixth
+  // says the run in figures; an accuracy that barely moves gets a 0.1-wide
+  // range, not one that makes 0.003 look like a cliff.
+  std::string lines;
+  for (int step = 1; step <= 4; ++step) {
+    lines += "{\"kind\":\"train\",\"step\":" + std::to_string(step) + ",\"loss\":" + std::to_string(7.0 - step * 0.1) +
+             ",\"mlm_accuracy\":0.05,\"nsp_accuracy\":" + std::to_string(0.5 + step * 0.001) +
+             ",\"lr\":0.001,\"tokens_per_s\":1000,\"unit\":\"tokens\"}\n";
+  }
+  std::filesystem::create_directories(tmp / "five");
+  write_file(tmp / "five/metrics.jsonl", lines);
+  ASSERT_EQ(run_cohort("plot " + (tmp / "five")).code, 0);
+  script = read_file(tmp / "five/.plot/plot.gp");
+  EXPECT_NE(script.find("set title 'the run'"), std::string::npos) << script;
+  EXPECT_NE(script.find("last train loss: 6.600"), std::string::npos) << script;
+  EXPECT_NE(script.find("set yrange [0.4525:0.5525]"), std::string::npos) << script;
   auto other = run_cohort("plot " + (tmp / "run") + " --out " + (tmp / "other.png"));
   ASSERT_EQ(other.code, 0) << other.err;
   EXPECT_TRUE(std::filesystem::exists(tmp / "other.png"));

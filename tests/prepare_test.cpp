@@ -681,6 +681,10 @@ TEST(PrepareCli, HelpShowsDefaultsAndErrorsAreOneLine) {
   ASSERT_EQ(ok.code, 0) << ok.err;
   EXPECT_NE(ok.out.find("[UNK]"), std::string::npos) << ok.out;
   EXPECT_NE(ok.err.find("MB/s"), std::string::npos) << ok.err;
+  // A small corpus is counted in kB or bytes, not as "0.0 MB".
+  EXPECT_EQ(ok.err.find("0.0 MB"), std::string::npos) << ok.err;
+  EXPECT_TRUE(ok.err.find(" kB of text") != std::string::npos || ok.err.find(" bytes of text") != std::string::npos)
+      << ok.err;
   EXPECT_TRUE(std::filesystem::exists(tmp / "out/manifest.json"));
   auto again = run_cohort("prepare --input " + (tmp / "corpus.txt") + " --out " + (tmp / "out") + " --quiet");
   EXPECT_EQ(again.code, 2);

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,19 @@ std::string option_hint(const CLI::App& sub, const std::string& option) {
   return "";
 }
 
+// Why Cohort's spelling is not a rename, for the options whose meaning
+// differs; "" for the others.
+std::string option_note(const std::string& option) {
+  std::string dashed = option.substr(std::min(option.size(), option.find_first_not_of('-')));
+  std::replace(dashed.begin(), dashed.end(), '_', '-');
+  static const std::set<std::string> batch = {"per-device-train-batch-size", "per-gpu-train-batch-size",
+                                              "gradient-accumulation-steps", "train-batch-size",
+                                              "train-micro-batch-size-per-gpu", "batch-size"};
+  if (!batch.count(dashed)) return "";
+  return ": a step takes --data.global-batch samples over all ranks (per-device batch x devices x accumulation "
+         "steps), cut into micro-batches of --data.micro-batch samples, the same at any world size";
+}
+
 }  // namespace
 
 void configure_process(const TrainOptions& opts, const World& world) {
@@ -150,7 +164,8 @@ int cli_main(int argc, char** argv) {
       if (std::string unknown = unknown_option(*sub, argc, argv); !unknown.empty()) {
         std::string near = option_hint(*sub, unknown);
         return fail("unknown option '" + unknown + "' for 'cohort " + sub->get_name() + "'" +
-                        (near.empty() ? "" : " (did you mean '" + near + "'?)") + " (see '" + help + "')",
+                        (near.empty() ? "" : " (did you mean '" + near + "'?)") + option_note(unknown) +
+                        " (see '" + help + "')",
                     2);
       }
     }

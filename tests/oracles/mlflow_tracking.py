@@ -77,11 +77,14 @@ class Server:
 
 
 def numbers(line, prefix, out):
-    """metrics.jsonl's numbers as MLflow keys, as Cohort names them."""
+    """metrics.jsonl's numbers as MLflow keys, as Cohort names them: the rate
+    by its unit (train/samples_per_s for a classifier)."""
     for key, value in line.items():
-        if "/" not in prefix and key in ("kind", "step", "split", "unit", "balance"):
+        if "/" not in prefix and key in ("kind", "step", "split", "unit", "balance", "source"):
             continue  # the line's own fields (phase_ms has a "step" of its own)
         name = prefix + "/" + key
+        if "/" not in prefix and key == "tokens_per_s" and "unit" in line:
+            name = prefix + "/" + line["unit"] + "_per_s"
         if isinstance(value, dict):
             numbers(value, name, out)
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -141,6 +144,7 @@ out = run([COHORT, "train"] + fine_args + track + ["--train.max-steps", "20", "-
 check("warning" not in out, "a healthy server gave warnings:\n" + out)
 record = json.load(open(os.path.join(fine, "mlflow.json")))
 run_id = record["run_id"]
+check("cohort: mlflow: " + record["run_page"] in out, "training did not print the run's page:\n" + out)
 r = client.get_run(run_id)
 check(r.info.status == "FINISHED", "the run is %s, not FINISHED" % r.info.status)
 check(r.info.run_name == "wn-tiny", "run name %r" % r.info.run_name)

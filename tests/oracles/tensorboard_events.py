@@ -1,8 +1,8 @@
 """oracle.tensorboard_events: TensorBoard's own EventAccumulator reads the
 event file of a Cohort run and finds every number of every metrics.jsonl
 line (train lines as train/<key>, eval lines as <split>/<key>, nested
-objects as <prefix>/<key>/<sub>) at the line's step, with the value rounded
-to float32, and nothing else."""
+objects as <prefix>/<key>/<sub>, the rate as train/<unit>_per_s) at the
+line's step, with the value rounded to float32, and nothing else."""
 import glob
 import os
 
@@ -35,7 +35,10 @@ for run_dir in (FMNIST_RUN, BERT_RUN):
     for line in metrics(run_dir):
         prefix = "train" if line["kind"] == "train" else line["split"]
         values = {}
-        flatten(prefix, {k: v for k, v in line.items() if k not in ("step", "kind", "split")}, values)
+        fields = {k: v for k, v in line.items() if k not in ("step", "kind", "split", "source", "unit")}
+        if "unit" in line and "tokens_per_s" in fields:
+            fields[line["unit"] + "_per_s"] = fields.pop("tokens_per_s")
+        flatten(prefix, fields, values)
         for tag, v in values.items():
             expected[(tag, line["step"])] = v
     kinds = sorted({m["kind"] for m in metrics(run_dir)})

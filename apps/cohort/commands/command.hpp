@@ -17,6 +17,7 @@
 #include "cohort/distributed/comm.hpp"
 #include "cohort/launch/launcher.hpp"
 #include "cohort/distributed/rendezvous.hpp"
+#include "cohort/train/launch_shape.hpp"
 
 namespace cohort::cli {
 
@@ -55,8 +56,16 @@ struct DistFlags {
   // exit code. nullopt in a rank, and in a process that is the whole job.
   // One rank per GPU by default, as torchrun users expect.
   std::optional<int> launch_ranks(const CLI::App& sub, const Env& env, const Config& cfg, int argc, char** argv);
+  // train --resume on a node's launcher: this node's --nproc-per-node from
+  // the run's recorded shape unless the flag is given, so that the same
+  // command continues bit-identically. UsageError naming the per-node
+  // command when a multi-node run is resumed without --nnodes.
+  void keep_shape(const CLI::App& sub, const LaunchShape& shape, const std::string& run_dir);
   // `comm` completed from the run's config.
   void complete(const Config& cfg, int generation);
+
+ private:
+  bool nproc_kept_ = false;  // nproc_per_node is the recorded shape's
 };
 
 }  // namespace cohort::cli

@@ -56,9 +56,11 @@ void DistFlags::add(CLI::App& sub, bool elastic) {
 std::optional<int> DistFlags::launch_ranks(const CLI::App& sub, const Env& env, const Config& cfg, int argc,
                                            char** argv) {
   const bool gpus = cfg.train.device != DeviceKind::kCpu && torch::cuda::is_available();
-  if (!env.count("COHORT_RANK") && sub.count("--nproc-per-node") == 0 && gpus) {
+  if (!env.count("COHORT_RANK") && sub.count("--nproc-per-node") == 0 && !nproc_kept_ && gpus) {
     launch.nproc_per_node = std::max<int>(1, static_cast<int>(torch::cuda::device_count()));
   }
+  // A recorded shape of more CPU ranks than cores was accepted when the run began.
+  if (nproc_kept_ && !gpus) launch.oversubscribe = true;
   launch.max_local_ranks = gpus ? static_cast<int>(torch::cuda::device_count()) : available_cores();
   launch.local_units = gpus ? "GPUs" : "cores";
   validate(launch);  // one process too: a bad --init-method or --node-rank is refused, not ignored
@@ -68,6 +70,21 @@ std::optional<int> DistFlags::launch_ranks(const CLI::App& sub, const Env& env, 
   if (launch.nnodes == 1 && launch.min_nodes == 0 && launch.world_size <= 0) validate_world(cfg, launch.nproc_per_node);
   launch.timeout_s = cfg.dist.timeout;
   return launch_node(launch, std::vector<std::string>(argv, argv + argc));
+}
+
+void DistFlags::keep_shape(const CLI::App& sub, const LaunchShape& shape, const std::string& run_dir) {
+  if (sub.count("--distributed-world-size") || sub.count("--distributed-rank")) return;  // HetSeq names every rank
+  // A node of a multi-node job names its part (and is then not the one
+  // that starts the job: train.cpp's starts_job).
+  const int nodes = static_cast<int>(shape.nodes.size());
+  COHORT_CHECK(nodes == 1 || sub.count("--nnodes") > 0, UsageError, run_dir, " ran as ", shape.describe(),
+               ": continue it with this command on each node: cohort train --resume ", run_dir, " --nnodes ", nodes,
+               " --node-rank K --init-method tcp://HOST:PORT (or --nnodes 1 to go on with this node alone)");
+  if (sub.count("--nproc-per-node") == 0 && launch.nnodes == nodes && launch.node_rank >= 0 &&
+      launch.node_rank < nodes) {
+    launch.nproc_per_node = shape.nodes[static_cast<size_t>(launch.node_rank)].ranks;
+    nproc_kept_ = true;
+  }
 }
 
 void DistFlags::complete(const Config& cfg, int generation) {

@@ -1,7 +1,9 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/data/order.hpp"
 #include "cohort/obs/plot.hpp"
 #include "cohort/train/optim.hpp"
 #include "commands/command.hpp"
@@ -9,6 +11,16 @@
 namespace cohort::cli {
 
 namespace {
+
+// A run of train.epochs: its length from the training set's size, which a
+// checkpoint records; 0 before the first checkpoint.
+int64_t steps_of_epochs(const Config& cfg, const std::string& run_dir) {
+  if (cfg.train.epochs <= 0 || !std::filesystem::exists(std::filesystem::path(run_dir) / "checkpoints")) return 0;
+  const CheckpointState state = Checkpoints::resolve(run_dir, nullptr).state;
+  if (state.train_samples <= 0) return 0;
+  GlobalOrder order(state.train_samples, cfg.data.global_batch, cfg.train.seed, cfg.data.drop_last, {});
+  return cfg.train.epochs * order.steps_per_epoch();
+}
 
 class Plot : public Command {
  public:
@@ -26,9 +38,11 @@ class Plot : public Command {
     if (auto toml = std::filesystem::path(dir_) / "config.toml"; std::filesystem::exists(toml)) {
       try {
         Config run_cfg = load_config(toml.string());
-        if (run_cfg.train.max_steps > 0) {
-          po.total_steps = run_cfg.train.max_steps;
-          po.lr_at = [s = LrSchedule::from(run_cfg.optim, run_cfg.train.max_steps)](int64_t step) { return s.at(step); };
+        int64_t total = run_cfg.train.max_steps;
+        if (total <= 0) total = steps_of_epochs(run_cfg, dir_);
+        if (total > 0) {
+          po.total_steps = total;
+          po.lr_at = [s = LrSchedule::from(run_cfg.optim, total)](int64_t step) { return s.at(step); };
         }
       } catch (const Error& e) {
         std::fprintf(stderr, "cohort: note: the learning-rate schedule is left out: %s\n", e.what());

@@ -132,12 +132,24 @@ class Train : public Command {
     // bar's escape codes.
     const bool under_mpirun = env.count("OMPI_COMM_WORLD_SIZE") || env.count("PMI_RANK") || env.count("PMIX_RANK");
     run.live_progress = cfg_.log.progress_bar && !under_mpirun && isatty(fileno(stdout)) != 0;
+    // A resume launches the run's recorded shape (train/launch_shape.hpp)
+    // unless flags name another; an elastic job's shape is its membership's.
+    std::optional<LaunchShape> shape;
+    if (const ResolvedCheckpoint* from = run.checkpoint();
+        from && !env.count("COHORT_ELASTIC") && dist_.launch.min_nodes == 0) {
+      shape = LaunchShape::read(Checkpoints::run_dir_of(from->dir));
+    }
+    if (shape && !env.count("COHORT_RANK") && !spec) dist_.keep_shape(*sub_, *shape, run.out_dir);
     if (auto code = dist_.launch_ranks(*sub_, env, cfg_, argc, argv)) return *code;
     dist_.complete(cfg_, request_.generation);
     install_stop_handlers();
     dist_.comm.interrupted = [] { return stop_requested(); };
     auto per_world = [&](const World& world, RunOptions& r) {
-      configure_process(cfg_.train, world);
+      TrainOptions process = cfg_.train;
+      if (auto threads = shape ? shape->threads_for(world) : std::nullopt; threads && process.threads == 0) {
+        process.threads = *threads;  // auto: the recorded shape's, so the steps' bits are the same
+      }
+      configure_process(process, world);
       r.at = debug_hook(env, world.rank);
     };
     if (env.count("COHORT_ELASTIC") && spec) {

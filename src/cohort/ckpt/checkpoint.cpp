@@ -302,6 +302,7 @@ ResolvedCheckpoint Checkpoints::resolve(const std::string& path, std::vector<std
     CheckpointState state = verify(p.string(), held.get());
     return {p.string(), state, held};
   }
+  COHORT_CHECK(fs::exists(p), UsageError, path, ": no such directory (name a run directory or a checkpoint in one)");
   fs::path root = fs::exists(p / "checkpoints") ? p / "checkpoints" : p;
   COHORT_CHECK(fs::is_directory(root), DataError, path, ": no checkpoints here (expected RUN_DIR/checkpoints/)");
   // A live job may remove checkpoints while they are looked at: then the

@@ -142,6 +142,7 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
     using T = std::decay_t<decltype(field)>;
     if constexpr (std::is_same_v<T, bool>) {
       key->option = app.add_flag(flags, field, help);
+      key->option->expected(0, 1);  // --task.nsp, --task.nsp=false and --task.nsp false
       key->boolean = true;
       key->option->default_str(field ? "true" : "false");
       key->to_toml = [&field] { return toml_value(field); };
@@ -218,7 +219,8 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
        "or auto from each rank's measured speed");
   bind("data.balance-weights", c.data.balance_weights, "data.balance = weights: one weight per rank, e.g. 2,1");
   bind("data.balance-every", c.data.balance_every, "data.balance = auto: re-measure the ranks' speeds every N steps");
-  bind("data.vocab", c.data.vocab, "bert-classify: vocab.txt; '' = data.path's, else the one beside model.init", node);
+  bind("data.vocab", c.data.vocab, "vocab.txt for bert-classify, and for bert-pretrain's dynamic masking of "
+       "shards written without one; '' = data.path's, else the one beside model.init", node);
   bind("data.labels", c.data.labels, "bert-classify: the label names (a run's labels.json); '' = the train split's; "
        "eval and predict use the run's", node);
   bind("data.lowercase", c.data.lowercase, "bert-classify: uncased WordPiece (lowercase, strip accents)", fixed);
@@ -374,11 +376,15 @@ KeyScope scope_of(const std::string& key) { return reference_binding().scope(key
 std::string closest_key(const std::string& name) {
   const auto keys = reference_binding().keys();
   auto known = [&](const std::string& k) { return std::find(keys.begin(), keys.end(), k) != keys.end(); };
+  // The fewest edits; among as few, the longest common start (optim.lrate
+  // is optim.lr's, not optim.name's, though both are 3 edits away).
   std::string hint;
-  size_t best = 4;
+  size_t best = 4, shared = 0;
   for (const auto& k : keys) {
-    size_t d = edit_distance(name, k);
-    if (d < best) best = d, hint = k;
+    const size_t d = edit_distance(name, k);
+    size_t same = 0;
+    while (same < name.size() && same < k.size() && name[same] == k[same]) ++same;
+    if (d < best || (d == best && same > shared)) best = d, shared = same, hint = k;
   }
   if (!hint.empty()) return hint;
   // Hugging Face Trainer's and other tools' spellings: snake_case, their

@@ -164,11 +164,16 @@ std::optional<RunRecord> read_record(const std::string& run_dir) {
   return RunRecord{j.value("tracking_uri", ""), j.value("experiment_id", ""), j.value("run_id", "")};
 }
 
+// The run in MLflow's web UI.
+std::string run_page(const std::string& uri, const MlflowRunInfo& run) {
+  return same_server(uri) + "/#/experiments/" + run.experiment_id + "/runs/" + run.run_id;
+}
+
 void write_record(const std::string& run_dir, const std::string& uri, const MlflowRunInfo& run,
                   const std::string& experiment, const std::string& run_name) {
   nlohmann::json j = {{"tracking_uri", same_server(uri)}, {"experiment", experiment},
                       {"experiment_id", run.experiment_id}, {"run_id", run.run_id}, {"run_name", run_name},
-                      {"run_page", same_server(uri) + "/#/experiments/" + run.experiment_id + "/runs/" + run.run_id}};
+                      {"run_page", run_page(uri, run)}};
   write_file_atomically((fs::path(run_dir) / "mlflow.json").string(), j.dump(2) + "\n");
 }
 
@@ -595,6 +600,7 @@ void MlflowReporter::Shared::connect(MlflowClient& client, MlflowRunInfo& run) {
     own_status = own;
   }
   log_params(client, target, run);
+  std::fprintf(stderr, "cohort: mlflow: %s\n", run_page(target.uri, run).c_str());
 }
 
 void MlflowReporter::Shared::fail(const std::string& what) {

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -235,27 +237,49 @@ void write_layout(std::ostream& gp, const std::string& png, const std::string& r
      << "set style line 1 lc rgb '#1f77b4' lw 1.5\nset style line 2 lc rgb '#d62728' lw 1.5 pt 7 ps 0.9\n";
 }
 
-// A panel: the train column as a line, the eval column as points joined
-// (a single eval point is a marked point with its value beside it).
+// A value as the plots write it: four significant digits, always (6.680, 0.08479).
+std::string four_digits(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%#.4g", v);
+  return text;
+}
+
+// The y-range of `name` over both series, widened to at least `least`
+// around its middle (and kept inside [0, 1] for a quality): a change of
+// 0.003 must not fill the panel.
+std::string y_range(const RunMetrics& m, const std::string& name, double least, bool quality) {
+  double lo = std::numeric_limits<double>::infinity(), hi = -lo;
+  for (const auto* s : {&m.train, &m.eval})
+    for (const auto& v : s->values)
+      if (auto it = v.find(name); it != v.end() && std::isfinite(it->second))
+        lo = std::min(lo, it->second), hi = std::max(hi, it->second);
+  if (!std::isfinite(lo) || hi - lo >= least) return "set autoscale y\n";
+  double mid = (lo + hi) / 2, a = mid - least / 2, b = mid + least / 2;
+  if (quality && a < 0) b -= a, a = 0;
+  if (quality && b > 1) a -= b - 1, b = 1;
+  return "set yrange [" + four_digits(a) + ":" + four_digits(b) + "]\n";
+}
+
+// A panel: the train column as a line, the eval column as points joined;
+// the last evaluation's value is in its key, where it covers no curve.
 void write_panel(std::ostream& gp, DataFiles& d, const RunMetrics& m, const std::string& title,
                  const std::string& ylabel, const std::string& name) {
-  gp << "set title " << gq(title) << "\nset ylabel " << gq(ylabel) << "\nset autoscale y\nunset label\n";
+  gp << "set title " << gq(title) << "\nset ylabel " << gq(ylabel) << "\n"
+     << y_range(m, name, is_quality(name) ? 0.1 : 0.0, is_quality(name));
   std::vector<std::string> parts;
   if (d.train_columns.count(name))
     parts.push_back(quoted(d.train_dat) + " using 1:" + std::to_string(d.train_columns[name]) + " with " +
                     d.train_style + " title 'train'");
   if (d.eval_columns.count(name)) {
-    parts.push_back(quoted(d.eval_dat) + " using 1:" + std::to_string(d.eval_columns[name]) +
-                    " with linespoints ls 2 title " + gq("eval (" + m.eval_split + ")"));
-    // The last evaluation's value, written beside its point.
+    std::string key = "eval (" + m.eval_split + ")";
     for (size_t i = m.eval.steps.size(); i-- > 0;) {
-      auto it = m.eval.values[i].find(name);
-      if (it == m.eval.values[i].end()) continue;
-      char value[32];
-      std::snprintf(value, sizeof value, "%.4g", it->second);
-      gp << "set label '" << value << "' at " << m.eval.steps[i] << "," << it->second << " offset -1,1 right\n";
-      break;
+      if (auto it = m.eval.values[i].find(name); it != m.eval.values[i].end()) {
+        key += ", last " + four_digits(it->second);
+        break;
+      }
     }
+    parts.push_back(quoted(d.eval_dat) + " using 1:" + std::to_string(d.eval_columns[name]) +
+                    " with linespoints ls 2 title " + gq(key));
   }
   gp << "plot ";
   for (size_t i = 0; i < parts.size(); ++i) gp << (i ? ", " : "") << parts[i];
@@ -264,7 +288,7 @@ void write_panel(std::ostream& gp, DataFiles& d, const RunMetrics& m, const std:
 
 // The logged learning rate as points, over the schedule's curve when there is one.
 void write_lr_panel(std::ostream& gp, DataFiles& d, const std::optional<fs::path>& schedule) {
-  gp << "set title 'learning rate'\nset ylabel 'learning rate'\nset autoscale y\nunset label\nset format y '%.1e'\nplot ";
+  gp << "set title 'learning rate'\nset ylabel 'learning rate'\nset autoscale y\nset format y '%.1e'\nplot ";
   if (schedule) gp << quoted(*schedule) << " using 1:2 with lines lc rgb '#999999' title 'schedule', ";
   gp << quoted(d.train_dat) << " using 1:" << d.train_columns["lr"] << " with points ls 1 pt 7 ps 0.6 title 'logged'\n"
      << "set format y '% h'\n";
@@ -277,14 +301,49 @@ void write_throughput_panel(std::ostream& gp, DataFiles& d, const RunMetrics& m)
      << " using 1:" << d.train_columns[rate] << " with " << d.train_style << " title 'all ranks'\n";
 }
 
-// The per-class F1 as one bar chart, best first.
+// The per-class F1 as one bar chart, best first: the best kKeptClasses
+// when there are more (every class is in metrics.jsonl and `cohort eval`'s
+// confusion file), so that each label stays legible.
+constexpr size_t kKeptClasses = 24;
+
 void write_f1_panel(std::ostream& gp, const RunMetrics& m, const ClassF1& f1, const fs::path& f1_dat) {
+  const size_t shown = std::min(f1.size(), kKeptClasses);
+  const std::string which = shown < f1.size()
+                                ? "best " + std::to_string(shown) + " of " + std::to_string(f1.size()) + " classes"
+                                : std::to_string(f1.size()) + " classes, best first";
   gp << "set title " << gq("per-class F1 at step " + std::to_string(m.eval.steps.back()) + " (" + m.eval_split + ", " +
-                            std::to_string(f1.size()) + " classes, best first)")
-     << "\nset ylabel 'F1'\nset xlabel ''\nset yrange [0:1]\nset xrange [-1:" << f1.size()
-     << "]\nset style fill solid 0.7\nset boxwidth 0.8\nset xtics rotate by 90 right font ',"
-     << (f1.size() > 20 ? 6 : 8) << "'\nunset key\nplot " << quoted(f1_dat)
-     << " using 1:3:xtic(2) with boxes lc rgb '#1f77b4' notitle\n";
+                            which + ")")
+     << "\nset ylabel 'F1'\nset xlabel ''\nset yrange [0:1]\nset xrange [-1:" << shown
+     << "]\nset style fill solid 0.7\nset boxwidth 0.8\nset xtics rotate by 60 right font ',9'\nunset key\nplot "
+     << quoted(f1_dat) << " every ::0::" << shown - 1 << " using 1:3:xtic(2) with boxes lc rgb '#1f77b4' notitle\n"
+     << "set xtics norotate font ',10'\n";
+}
+
+// For a page with an odd number of panels: the run in figures, where the
+// last panel would be empty.
+void write_summary_panel(std::ostream& gp, const RunMetrics& m) {
+  std::vector<std::string> lines = {"steps logged: " + std::to_string(m.train.steps.front()) + " to " +
+                                    std::to_string(m.train.steps.back())};
+  auto last = [](const Series& s, const std::string& name) -> std::optional<double> {
+    for (size_t i = s.values.size(); i-- > 0;)
+      if (auto it = s.values[i].find(name); it != s.values[i].end() && std::isfinite(it->second)) return it->second;
+    return std::nullopt;
+  };
+  if (auto loss = last(m.train, "loss")) lines.push_back("last train loss: " + four_digits(*loss));
+  if (!m.eval.steps.empty()) {
+    std::string e = "eval (" + m.eval_split + ") at step " + std::to_string(m.eval.steps.back()) + ":";
+    for (const auto& [name, value] : m.eval.values.back())
+      if (name.find('/') == std::string::npos) e += "  " + name + " " + four_digits(value);
+    lines.push_back(e);
+  }
+  const std::string rate = m.train.has(m.unit + "_per_s") ? m.unit + "_per_s" : "tokens_per_s";
+  if (auto r = last(m.train, rate)) lines.push_back("last throughput: " + four_digits(*r) + " " + m.unit + "/s");
+  gp << "set title 'the run'\nunset border\nunset tics\nunset grid\nset xlabel ''\nset ylabel ''\n"
+     << "set xrange [0:1]\nset yrange [0:1]\nunset key\n";
+  for (size_t i = 0; i < lines.size(); ++i)
+    gp << "set label " << i + 1 << " " << gq(lines[i]) << " at 0.05," << 0.85 - 0.15 * static_cast<double>(i)
+       << " font ',11'\n";
+  gp << "plot NaN notitle\nunset label\nset border\nset tics\nset grid\n";
 }
 
 }  // namespace
@@ -313,12 +372,14 @@ std::string plot_run(const std::string& run_dir, const PlotOptions& options) {
   const std::vector<std::string> quality = quality_names(m);
 
   std::ostringstream gp;
-  write_layout(gp, png, run_dir, 3 + static_cast<int>(quality.size()) + (f1.empty() ? 0 : 1), m);
+  const int panels = 3 + static_cast<int>(quality.size()) + (f1.empty() ? 0 : 1);
+  write_layout(gp, png, run_dir, panels, m);
   write_panel(gp, d, m, "loss", "loss (cross-entropy)", "loss");
   for (const auto& q : quality) write_panel(gp, d, m, readable(q), readable(q), q);
   write_lr_panel(gp, d, schedule ? std::optional<fs::path>(lr_dat) : std::nullopt);
   write_throughput_panel(gp, d, m);
   if (!f1.empty()) write_f1_panel(gp, m, f1, f1_dat);
+  if (panels % 2 == 1) write_summary_panel(gp, m);
   gp << "unset multiplot\n";
   return run_gnuplot(gp.str(), work / "plot.gp", png);
 }
@@ -353,7 +414,7 @@ std::string plot_confusion(const std::string& png, const std::vector<std::string
      << "set output " << gq(png) << "\nset title " << gq(title) << " font '," << font + 3 << "'\n"
      << "set xlabel 'predicted'\nset ylabel 'true'\nset xrange [-0.5:" << k - 0.5 << "]\nset yrange [" << k - 0.5
      << ":-0.5]\nset xtics " << tics() << " rotate by 90 right\nset ytics " << tics() << "\nset cbrange [0:1]\n"
-     << "set cblabel 'share of the true class'\nset palette defined (0 '#ffffff', 0.2 '#c6dbef', 1 '#08306b')\n"
+     << "set cblabel 'share of the true class' font ',11'\nset palette defined (0 '#ffffff', 0.2 '#c6dbef', 1 '#08306b')\n"
      << "set view map\nunset key\nplot " << quoted(dat) << " using 2:1:3 with image";
   if (k <= 20) gp << ", '' using 2:1:(sprintf('%d', $4)) with labels tc rgb '#444444'";
   gp << "\n";

@@ -27,6 +27,7 @@ nlohmann::json report_json(const TrainReport& r) {
 
 nlohmann::json report_json(const EvalReport& r) {
   nlohmann::json line = {{"kind", "eval"}, {"step", r.step}, {"split", r.split}, {"count", r.count}};
+  if (!r.source.empty()) line["source"] = r.source;
   for (const auto& [name, value] : r.metrics) line[name] = value;
   return line;
 }

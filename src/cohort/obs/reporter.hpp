@@ -71,6 +71,7 @@ struct EvalReport {
   int64_t count = 0;  // samples evaluated
   Metrics metrics;
   double seconds = 0;
+  std::string source;  // "" during training; "cohort eval" for the command (metrics.jsonl's "source")
 };
 
 // A report as its metrics.jsonl line ({"kind":"train", "step":..., ...}):

@@ -59,7 +59,14 @@ std::vector<std::pair<std::string, double>> tensorboard_scalars(const std::strin
                                                                  const nlohmann::json& line) {
   std::vector<std::pair<std::string, double>> out;
   nlohmann::json values = line;
-  for (const char* where : {"step", "kind", "split"}) values.erase(where);
+  for (const char* where : {"step", "kind", "split", "source"}) values.erase(where);
+  // metrics.jsonl keeps one key for the rate and says its unit beside it;
+  // a chart is named by what it counts (images_per_s for an image task).
+  if (values.contains("unit") && values.contains("tokens_per_s") && values["unit"].is_string()) {
+    values[values["unit"].get<std::string>() + "_per_s"] = values["tokens_per_s"];
+    if (values["unit"] != "tokens") values.erase("tokens_per_s");
+  }
+  values.erase("unit");
   add_scalars(prefix, values, out);
   return out;
 }

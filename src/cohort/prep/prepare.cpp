@@ -88,7 +88,12 @@ std::string fixed(double v, int digits) {
   return buf;
 }
 
-std::string megabytes(int64_t bytes) { return fixed(static_cast<double>(bytes) / 1e6, 1) + " MB"; }
+// "3.2 MB", or "12.5 kB" / "900 bytes" for what would print as 0.0 MB.
+std::string megabytes(int64_t bytes) {
+  if (bytes >= 50'000) return fixed(static_cast<double>(bytes) / 1e6, 1) + " MB";
+  if (bytes >= 1'000) return fixed(static_cast<double>(bytes) / 1e3, 1) + " kB";
+  return std::to_string(bytes) + " bytes";
+}
 
 // Refuses a non-empty `out` unless overwrite; nothing is changed here.
 void check_out_dir(const PrepareOptions& o) {

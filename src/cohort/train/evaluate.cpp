@@ -9,6 +9,7 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/files.hpp"
+#include "cohort/core/format.hpp"
 #include "cohort/data/loader.hpp"
 #include "cohort/distributed/comm.hpp"
 #include "cohort/ckpt/checkpoint.hpp"
@@ -18,11 +19,14 @@
 #include "cohort/obs/reporter.hpp"
 #include "cohort/train/phase_timer.hpp"
 #include "cohort/train/run.hpp"
+#include "cohort/train/run_dir.hpp"
 #include "cohort/train/runtime.hpp"
 #include "cohort/train/task.hpp"
 #include "cohort/train/reporting.hpp"
 
 namespace cohort {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -121,8 +125,26 @@ RunSummary evaluate_checkpoint(const Config& cfg, Comm& comm, const RunOptions& 
     ProgressLine progress("eval " + cfg.eval.split, run.live_progress && world.is_main());
     r = evaluate_report(*task, *data, comm, cfg.eval, from.state.step, &tally, progress.callback());
   }
+  r.source = "cohort eval";
+  if (world.is_main()) {
+    // Another evaluation of a step already evaluated goes beside the earlier
+    // ones (MLflow and TensorBoard cannot replace a point): say so.
+    if (int64_t before = RunDir(run.out_dir).eval_lines_at(r.split, r.step); before > 0) {
+      reporter->message(strf("cohort: metrics.jsonl already holds %lld %s evaluation(s) of step %lld: this one is added "
+                             "beside them, marked \"source\": \"cohort eval\" (MLflow and TensorBoard keep each "
+                             "point at step %lld)", static_cast<long long>(before), r.split.c_str(),
+                             static_cast<long long>(r.step), static_cast<long long>(r.step)));
+    }
+  }
   reporter->eval(r);
-  if (std::string details = task->eval_details(tally); !details.empty()) reporter->message(details);
+  Task::EvalDetails details = task->eval_details(tally);
+  if (!details.summary.empty()) reporter->message(details.summary);
+  if (!details.table.empty() && world.is_main()) {
+    const std::string table = (fs::path(run.out_dir) / ("confusion-" + r.split + "-step-" + std::to_string(r.step) +
+                                                        ".txt")).string();
+    write_file_atomically(table, details.table);
+    reporter->message("cohort: confusion matrix: " + table);
+  }
   if (!confusion_png.empty() && world.is_main()) {
     plot_confusion(confusion_png, task->class_names(), task->confusion(tally),
                    "confusion matrix: " + cfg.eval.split + " at step " + std::to_string(r.step) + ", " +
@@ -133,7 +155,7 @@ RunSummary evaluate_checkpoint(const Config& cfg, Comm& comm, const RunOptions& 
   reporter.reset();  // an MLflow run is sent and recorded before the heatmap joins it
   if (!confusion_png.empty() && world.is_main() && !cfg.log.mlflow.empty()) {
     std::string sent = mlflow_upload_to_run(cfg.log.mlflow, run.out_dir,
-                                            {{confusion_png, std::filesystem::path(confusion_png).filename().string()}});
+                                            {{confusion_png, fs::path(confusion_png).filename().string()}});
     if (!run.quiet) std::printf("cohort: %s\n", sent.c_str());
   }
   RunSummary summary;

@@ -124,6 +124,16 @@ bool RunDir::has_train_line(int64_t step) const {
   return false;
 }
 
+int64_t RunDir::eval_lines_at(const std::string& split, int64_t step) const {
+  int64_t n = 0;
+  std::ifstream in(metrics_file());
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    n += j.is_object() && j.value("kind", "") == "eval" && j.value("split", "") == split && j.value("step", int64_t{-1}) == step;
+  }
+  return n;
+}
+
 int64_t RunDir::eval_steps_after(const std::string& split, int64_t step) const {
   std::set<int64_t> steps;
   std::ifstream in(metrics_file());

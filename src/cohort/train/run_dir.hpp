@@ -52,6 +52,8 @@ class RunDir {
   // complete them, for the next world's rank 0.
   // Whether metrics.jsonl has a train line for `step`.
   bool has_train_line(int64_t step) const;
+  // The eval lines of `split` at `step` in metrics.jsonl.
+  int64_t eval_lines_at(const std::string& split, int64_t step) const;
   // The steps after `step` with an eval line of `split` in metrics.jsonl:
   // the evaluations without improvement since the best (early stopping
   // counts on across a resume).

@@ -79,8 +79,14 @@ class Task {
   virtual std::vector<std::pair<std::string, double>> report(const Tally& tally) const;
   // The metric whose count is the number of evaluated samples.
   virtual std::string count_metric() const { return "loss"; }
-  // Lines for `cohort eval` beyond the metrics (a confusion matrix); "" for none.
-  virtual std::string eval_details(const Tally& /*tally*/) const { return ""; }
+  // What `cohort eval` says beyond the metrics: a line for the terminal (a
+  // per-class summary) and a table for a file (the confusion matrix). Both
+  // "" for a task with none.
+  struct EvalDetails {
+    std::string summary;
+    std::string table;
+  };
+  virtual EvalDetails eval_details(const Tally& /*tally*/) const { return {}; }
   // The confusion matrix in `tally` (rows true, columns predicted, in
   // class_names() order), for `cohort eval --plot`; empty when the task
   // keeps none.

@@ -20,6 +20,7 @@
 #include "cohort/train/elastic.hpp"
 #include "cohort/train/evaluate.hpp"
 #include "cohort/train/keeper.hpp"
+#include "cohort/train/launch_shape.hpp"
 #include "cohort/train/model_init.hpp"
 #include "cohort/train/optim.hpp"
 #include "cohort/train/phase_timer.hpp"
@@ -198,9 +199,19 @@ void Trainer::Parts::admit_joiners() const {
 // dir touched.
 void Trainer::Parts::open_outputs() {
   RunDir dir(run.out_dir);
+  // An elastic world's shape is its membership's, not a launch's.
+  std::optional<LaunchShape> shape;
+  if (!comm.elastic()) shape = LaunchShape::gather(comm);
   on_main_then_agree(comm, "run directory set-up", [&] {
     run_lock = dir.lock(run.job_id, cfg.dist.timeout, run.mode(), run.notes);
     for (auto& note : dir.prepare(run.mode(), run.config_toml, state.step)) run.notes.push_back(note);
+    if (shape) {
+      if (const ResolvedCheckpoint* from = run.checkpoint()) {
+        std::string note = shape_change_note(LaunchShape::read(Checkpoints::run_dir_of(from->dir)), *shape);
+        if (!note.empty()) run.notes.push_back(note);
+      }
+      shape->write(run.out_dir);
+    }
     dir.write_run_files(task->run_files(), run.mode());
     if (cfg.log.sample_ids && held()) {
       std::string note = complete_sample_ids(run.out_dir, *held(), state.step, *order, world.rank);
@@ -349,8 +360,11 @@ bool Trainer::Parts::stop_agreed() {
   bool stop = flags[0] > 0;
   joiners_agreed = comm.elastic() && flags[1] > 0;
   if (stop) {
-    reporter->message(strf("cohort: stopped by a signal at step %lld; continue with --resume %s",
-                           static_cast<long long>(state.step), run.out_dir.c_str()));
+    // The resume keeps the recorded launch shape: the same command goes on bit-identically.
+    const bool nodes = world.local_world_size < world.world_size;
+    reporter->message(strf("cohort: stopped by a signal at step %lld; continue with --resume %s%s",
+                           static_cast<long long>(state.step), run.out_dir.c_str(),
+                           nodes ? " on every node (with the job's --nnodes and --init-method, and its --node-rank)" : ""));
   }
   return stop;
 }

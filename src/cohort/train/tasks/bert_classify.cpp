@@ -8,6 +8,7 @@
 // per-class F1 ("f1/<label>": metrics.jsonl and TensorBoard only).
 #include <torch/nn/functional.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
@@ -15,6 +16,7 @@
 #include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/files.hpp"
+#include "cohort/core/format.hpp"
 #include "cohort/data/text_classify.hpp"
 #include "cohort/distributed/world.hpp"
 #include "cohort/model/bert.hpp"
@@ -212,9 +214,43 @@ class BertClassifyTask : public Task {
     return m;
   }
 
-  std::string eval_details(const Tally& tally) const override {
-    const int64_t k = labels().size();
+  EvalDetails eval_details(const Tally& tally) const override {
     auto f1 = per_class_f1(tally);
+    return {f1_summary(tally, f1), confusion_table(tally, f1)};
+  }
+
+ private:
+  const LabelSet& labels() const { return labels_; }
+
+  // One line: every class's F1 when they are few, else the three best, the
+  // three worst and how many classes were never predicted.
+  std::string f1_summary(const Tally& tally, const std::vector<std::pair<std::string, double>>& f1) const {
+    const int64_t k = labels().size();
+    std::vector<std::pair<double, std::string>> present;  // F1, name; classes neither present nor predicted left out
+    for (const auto& [name, value] : f1) {
+      if (value >= 0) present.emplace_back(value, name);
+    }
+    std::stable_sort(present.begin(), present.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    auto list = [](auto first, auto last) {
+      std::string out;
+      for (auto it = first; it != last; ++it) out += strf("%s%s %.3f", out.empty() ? "" : ", ", it->second.c_str(), it->first);
+      return out;
+    };
+    std::string out = strf("per-class F1 (%zu of %lld classes in the split or predicted): ", present.size(),
+                           static_cast<long long>(k));
+    if (present.size() <= 6) return out + list(present.begin(), present.end());
+    out += "best " + list(present.begin(), present.begin() + 3) + "; worst " + list(present.end() - 3, present.end());
+    int64_t never = 0;
+    for (int64_t p = 0; p < k; ++p) {
+      double predicted = 0;
+      for (int64_t t = 0; t < k; ++t) predicted += tally.has(cell_name(t, p)) ? tally.sum(cell_name(t, p)) : 0.0;
+      never += predicted == 0;
+    }
+    return out + strf("; %lld class(es) never predicted", static_cast<long long>(never));
+  }
+
+  std::string confusion_table(const Tally& tally, const std::vector<std::pair<std::string, double>>& f1) const {
+    const int64_t k = labels().size();
     size_t width = 5;
     for (const auto& name : labels().names()) width = std::max(width, name.size());
     std::string out = "confusion matrix (rows: true label, columns: predicted, in this order):\n";
@@ -235,9 +271,6 @@ class BertClassifyTask : public Task {
     }
     return out;
   }
-
- private:
-  const LabelSet& labels() const { return labels_; }
 
   // Per class: F1 from the confusion sums; -1 for a class neither present
   // nor predicted (left out of the macro mean).
