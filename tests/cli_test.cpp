@@ -275,3 +275,23 @@ TEST(Cli, EarlyStopEndsTheRunAfterPatienceEvaluationsWithoutImprovement) {
       << resumed.out;
   EXPECT_NE(resumed.out.find("at step 2) at step 8"), std::string::npos) << resumed.out;
 }
+
+// The automatic cut keeps a multiple of 12 micro-batches, which for a small
+// global batch means pieces of a few samples, slow to compute: start-up
+// names a larger data.micro-batch, and says nothing when one is given.
+TEST(Cli, SmallAutomaticMicroBatchesNameAFasterCut) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 64);
+  const std::string train = "train --model.name mlp --model.hidden 8 --data.global-batch 32 --train.max-steps 1 "
+                            "--data.path " + tmp.path();
+  Result automatic = run_cohort(train + " --out " + (tmp / "auto"));
+  ASSERT_EQ(automatic.code, 0) << automatic.err;
+  const std::string said = automatic.out + automatic.err;
+  EXPECT_NE(said.find("global batch 32 = 12 micro-batch(es) of 2-3 sample(s)"), std::string::npos) << said;
+  EXPECT_NE(said.find("note: the automatic cut makes micro-batches of only 2-3 sample(s), so that 1 to 12 ranks get "
+                      "equal shares; data.micro-batch 32 computes 1 larger one(s)"),
+            std::string::npos) << said;
+  Result given = run_cohort(train + " --data.micro-batch 32 --out " + (tmp / "given"));
+  ASSERT_EQ(given.code, 0) << given.err;
+  EXPECT_EQ((given.out + given.err).find("the automatic cut"), std::string::npos) << given.out;
+}

@@ -331,17 +331,17 @@ void write_summary_panel(std::ostream& gp, const RunMetrics& m) {
   };
   if (auto loss = last(m.train, "loss")) lines.push_back("last train loss: " + four_digits(*loss));
   if (!m.eval.steps.empty()) {
-    std::string e = "eval (" + m.eval_split + ") at step " + std::to_string(m.eval.steps.back()) + ":";
+    lines.push_back("eval (" + m.eval_split + ") at step " + std::to_string(m.eval.steps.back()) + ":");
     for (const auto& [name, value] : m.eval.values.back())
-      if (name.find('/') == std::string::npos) e += "  " + name + " " + four_digits(value);
-    lines.push_back(e);
+      if (name.find('/') == std::string::npos) lines.push_back("    " + readable(name) + " " + four_digits(value));
   }
   const std::string rate = m.train.has(m.unit + "_per_s") ? m.unit + "_per_s" : "tokens_per_s";
   if (auto r = last(m.train, rate)) lines.push_back("last throughput: " + four_digits(*r) + " " + m.unit + "/s");
   gp << "set title 'the run'\nunset border\nunset tics\nunset grid\nset xlabel ''\nset ylabel ''\n"
      << "set xrange [0:1]\nset yrange [0:1]\nunset key\n";
+  const double gap = std::min(0.15, 0.9 / static_cast<double>(lines.size()));
   for (size_t i = 0; i < lines.size(); ++i)
-    gp << "set label " << i + 1 << " " << gq(lines[i]) << " at 0.05," << 0.85 - 0.15 * static_cast<double>(i)
+    gp << "set label " << i + 1 << " " << gq(lines[i]) << " at 0.05," << 0.92 - gap * static_cast<double>(i)
        << " font ',11'\n";
   gp << "plot NaN notitle\nunset label\nset border\nset tics\nset grid\n";
 }

@@ -77,6 +77,16 @@ std::vector<std::string> start_lines(const Config& cfg, Task& task, const Datase
                      world.world_size, static_cast<long long>(order.steps_per_epoch()),
                      static_cast<long long>(total_steps), name_of(schedule.kind), schedule.peak,
                      static_cast<long long>(schedule.warmup)));
+  if (cfg.data.micro_batch == 0 && smallest < 8 && g >= 16) {
+    // The automatic cut keeps a multiple of 12 micro-batches: small ones
+    // are slow (a BERT step of 5-sample pieces runs several times slower).
+    const int64_t larger = std::min<int64_t>(g, MicroBatches::kAutoMost);
+    out.push_back(strf("cohort: note: the automatic cut makes micro-batches of only %lld-%lld sample(s), so that 1 "
+                       "to 12 ranks get equal shares; data.micro-batch %lld computes %lld larger one(s), faster "
+                       "(equal shares for ranks that divide that count)",
+                       static_cast<long long>(smallest), static_cast<long long>(largest),
+                       static_cast<long long>(larger), static_cast<long long>(MicroBatches{larger}.count(g))));
+  }
   if (balancer.mode() == Balance::kEqual && micro_batches % world.world_size != 0) {
     // The step waits for the rank with the most: say what evens it out.
     int64_t even = largest;
