@@ -30,7 +30,7 @@ out = os.path.join(WORK, "hf-init-run")
 run([COHORT, "train", "--config", os.path.join(SOURCE, "examples/bert-tiny.toml"), "--data.path", DATA,
      "--out", out, "--overwrite", "--nproc-per-node", "2", "--model.init", init, "--model.dropout", "0",
      "--model.attention-dropout", "0", "--train.precision", "fp32", "--train.max-steps", "1",
-     "--log.every-steps", "1", "--data.global-batch", "24", "--log.sample-ids", "--log.tensorboard=false",
+     "--log.every-steps", "1", "--data.global-batch", "24", "--data.micro-batch", "6", "--log.sample-ids", "--log.tensorboard=false",
      "--quiet"])
 first = [m for m in metrics(out) if m["kind"] == "train"][0]
 check(first["step"] == 1, "the first train line is step %s" % first["step"])
