@@ -424,6 +424,7 @@ struct LostAt {
   int rank;
   const char* point;
   const char* extra = "";  // more flags
+  const char* tag = "";    // the case's name, after rank and point
 };
 
 class ElasticLoss : public ::testing::TestWithParam<LostAt> {};
@@ -471,10 +472,16 @@ INSTANTIATE_TEST_SUITE_P(Moments, ElasticLoss,
                          ::testing::Values(LostAt{2, "applied"}, LostAt{0, "applied"}, LostAt{0, "line"},
                                            LostAt{1, "line"},
                                            // data.balance's measurement, a collective before the line
-                                           LostAt{1, "applied", "--data.balance auto --data.balance-every 1"}),
+                                           LostAt{1, "applied", "--data.balance auto --data.balance-every 1",
+                                                  "_balanced"},
+                                           // PowerSGD's sums feeding a sharded optimizer (3 ranks in pairs: one
+                                           // group of three, then of two), speed-balanced
+                                           LostAt{2, "applied",
+                                                  "--dist.shard optimizer --dist.shard-replicas 2 "
+                                                  "--dist.grad-compression powersgd --data.balance auto",
+                                                  "_powersgd_sharded"}),
                          [](const ::testing::TestParamInfo<LostAt>& i) {
-                           return "Rank" + std::to_string(i.param.rank) + "_" + i.param.point +
-                                  (*i.param.extra ? "_balanced" : "");
+                           return "Rank" + std::to_string(i.param.rank) + "_" + i.param.point + i.param.tag;
                          });
 
 // dist.shard with dist.shard-replicas 2: four ranks on two hosts, each
@@ -482,21 +489,30 @@ INSTANTIATE_TEST_SUITE_P(Moments, ElasticLoss,
 // begins (`forward`: its gradients never sent) or right after one's update
 // was shared (`applied`); host 0's two ranks re-shard the optimizer state
 // in memory and finish, with the weights of a run checkpointed at that step
-// on four ranks and resumed on two.
-class ElasticShards : public ::testing::TestWithParam<const char*> {};
+// on four ranks and resumed on two. `bf16`: sharded gradients summed in
+// bf16 on the wire, the same way in memory and from the checkpoint.
+struct ShardLoss {
+  const char* name;
+  const char* dies;  // COHORT_DEBUG_DIE's point
+  int subnet;
+  const char* shard;
+};
+
+class ElasticShards : public ::testing::TestWithParam<ShardLoss> {};
 
 TEST_P(ElasticShards, ReplicasGoOnFromMemory) {
-  NetnsHosts net(2, std::string(GetParam()) == "forward" ? 237 : 238);
+  const ShardLoss& c = GetParam();
+  NetnsHosts net(2, c.subnet);
   if (!net.ok()) GTEST_SKIP() << "SKIPPED: network namespaces need root and iproute2";
   TempDir tmp;
   cohort::test::write_tiny_dataset(tmp, 240);
-  const std::string shard = " --dist.shard gradients --dist.shard-replicas 2 --optim.clip-norm 0.05 ";
+  const std::string shard = std::string(" --dist.shard-replicas 2 --optim.clip-norm 0.05 ") + c.shard;
   std::string args = cohort::strf(
       " train --model.name mlp --model.dropout 0 --data.global-batch 12 --train.epochs 4 --log.every-steps 1 "
       "--log.sample-ids --dist.timeout 30 --init-method tcp://%s:29643 --nnodes 2 --min-nodes 1 "
       "--nproc-per-node 2 --oversubscribe --data.path %s --out %s",
       net.address(0).c_str(), tmp.path().c_str(), (tmp / "run").c_str()) + shard;
-  const std::string die = cohort::strf("env COHORT_DEBUG_DELAY=0:30 COHORT_DEBUG_DIE=2:12:%s ", GetParam());
+  const std::string die = cohort::strf("env COHORT_DEBUG_DELAY=0:30 COHORT_DEBUG_DIE=2:12:%s ", c.dies);
   Background h0(net.on(0, die + COHORT_BIN + args + " --node-rank 0"), tmp, "h0");
   Background h1(net.on(1, die + COHORT_BIN + args + " --node-rank 1"), tmp, "h1");
   ASSERT_EQ(h0.wait_exit(), 0) << h0.err();
@@ -507,7 +523,7 @@ TEST_P(ElasticShards, ReplicasGoOnFromMemory) {
   EXPECT_EQ(changes[0]["state"], "memory") << changes[0].dump();
   EXPECT_EQ(changes[0]["world_size"], 2);
   const int64_t resumed = changes[0]["step"];
-  EXPECT_EQ(resumed, std::string(GetParam()) == "forward" ? 11 : 12);
+  EXPECT_EQ(resumed, std::string(c.dies) == "forward" ? 11 : 12);
   EXPECT_NE(h0.out().find("re-sharded the optimizer state in memory from 2 surviving range(s) into 1"),
             std::string::npos) << h0.out();
   expect_each_step_and_sample_once(tmp);
@@ -518,7 +534,12 @@ TEST_P(ElasticShards, ReplicasGoOnFromMemory) {
   expect_weights_of_a_resume(tmp, fixed, 4, resumed, 2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Moments, ElasticShards, ::testing::Values("forward", "applied"));
+INSTANTIATE_TEST_SUITE_P(Moments, ElasticShards,
+                         ::testing::Values(ShardLoss{"forward", "forward", 237, " --dist.shard gradients"},
+                                           ShardLoss{"applied", "applied", 238, " --dist.shard gradients"},
+                                           ShardLoss{"bf16", "forward", 239,
+                                                     " --dist.shard gradients --dist.grad-compression bf16"}),
+                         [](const ::testing::TestParamInfo<ShardLoss>& info) { return std::string(info.param.name); });
 
 // dist.shard-replicas 1: the lost ranks' ranges are gone with them, so the
 // survivors go on from the latest checkpoint, and the log says why.

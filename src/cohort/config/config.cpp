@@ -1009,13 +1009,11 @@ void validate(const Config& c) {
   require(c.dist.shard == ShardMode::kNone || c.optim.name != OptimizerKind::kSgd, "dist.shard",
           name_of(c.dist.shard), "shards AdamW's or LAMB's state; optim.name = sgd has none worth sharding: use none");
   require(c.dist.shard == ShardMode::kNone || c.dist.sync == SyncMode::kStep, "dist.shard", name_of(c.dist.shard),
-          "needs dist.sync = step (local sync keeps a whole inner optimizer on every rank)");
-  require(c.dist.shard == ShardMode::kNone || c.dist.grad_compression != Compression::kPowerSgd, "dist.shard",
-          name_of(c.dist.shard), "cannot be combined with dist.grad-compression = powersgd (its error feedback is "
-          "a whole-model remainder per rank)");
-  require(c.dist.shard != ShardMode::kGradients || c.dist.grad_compression == Compression::kNone,
-          "dist.grad-compression", name_of(c.dist.grad_compression), "is not applied by dist.shard = gradients "
-          "(its sums are exact): use none, or dist.shard = optimizer");
+          "needs dist.sync = step: with local steps each rank steps its own model, so its inner optimizer needs "
+          "every parameter's state");
+  require(c.dist.shard != ShardMode::kGradients || c.dist.grad_compression != Compression::kPowerSgd, "dist.shard",
+          "gradients", "saves whole-model gradients, which PowerSGD's error feedback keeps on every rank anyway: use "
+          "dist.shard = optimizer with powersgd (the same memory, one compressed sum a step)");
   require(std::isfinite(c.optim.outer_lr) && c.optim.outer_lr > 0, "optim.outer-lr", c.optim.outer_lr,
           "must be finite and > 0");
   require(c.optim.outer_momentum >= 0 && c.optim.outer_momentum < 1, "optim.outer-momentum", c.optim.outer_momentum,

@@ -365,9 +365,7 @@ void GradSync::launch(size_t b, std::unique_lock<std::mutex>& lock) {
     for (size_t k : buckets_[b]) take_grad(k);  // a gradient no hook saw: none, or set by hand
     if (!wire_[b].defined()) {
       const auto& p = params_[buckets_[b].front()];
-      wire_[b] = torch::zeros({bucket_numel_[b]},
-                              p.options().dtype(opts_.compression == Compression::kNone ? torch::kFloat64
-                                                                                       : p.scalar_type()));
+      wire_[b] = torch::zeros({bucket_numel_[b]}, p.options().dtype(sink_wire_dtype(p)));
     }
     ++collectives_;
     queue_.push_back(b);
@@ -392,6 +390,17 @@ void GradSync::launch(size_t b, std::unique_lock<std::mutex>& lock) {
   pending_.push_back(comm_.all_reduce_sum_async(wire_[b], "gradient all-reduce"));
 }
 
+// sink: what a bucket's sums travel in: fp64 for the exact sum, else the
+// configured wire dtype (the sink adds each round into its fp64 range).
+torch::ScalarType GradSync::sink_wire_dtype(const torch::Tensor& p) const {
+  switch (opts_.compression) {
+    case Compression::kNone: return torch::kFloat64;
+    case Compression::kBf16: return torch::kBFloat16;
+    case Compression::kFp16: return torch::kFloat16;
+    default: return p.scalar_type();
+  }
+}
+
 // sink: `param`'s gradient into its bucket's wire buffer (made at the
 // bucket's first gradient, zeros where none comes), and freed.
 void GradSync::take_grad(size_t param) {
@@ -399,7 +408,7 @@ void GradSync::take_grad(size_t param) {
   if (!p.grad().defined()) return;
   torch::NoGradGuard no_grad;
   size_t b = bucket_of_[param];
-  const auto dtype = opts_.compression == Compression::kNone ? torch::kFloat64 : p.scalar_type();  // exact sum
+  const auto dtype = sink_wire_dtype(p);
   if (buckets_[b].size() == 1) {
     wire_[b] = p.grad().reshape({-1}).to(dtype);  // a bucket of its own (the embeddings): no copy in fp32
   } else {

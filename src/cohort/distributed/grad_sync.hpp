@@ -93,7 +93,8 @@ GradSyncOptions grad_sync_options(const DistOptions& dist, uint64_t seed);
 //
 // With a GradShardSink (dist.shard = gradients) there are no bucket buffers:
 // backward fills each parameter's .grad as usual, and its hook copies it
-// into its bucket's wire buffer and frees it; the worker sums a full bucket
+// into its bucket's wire buffer (fp64 for the exact sum, else the wire
+// dtype: fp32, bf16 or fp16) and frees it; the worker sums a full bucket
 // (an all-reduce: c10d's Gloo reduce-scatter takes equal pieces, the ranges
 // are not) and hands it to the sink, which keeps its range. Every
 // micro-batch is reduced this way, and backward waits while a bucket is in
@@ -146,6 +147,7 @@ class GradSync {
   void work();
   void drain(std::unique_lock<std::mutex>& lock);
   void take_grad(size_t param);
+  torch::ScalarType sink_wire_dtype(const torch::Tensor& p) const;
   std::vector<torch::Tensor> bucket_grads(size_t bucket) const;
   // The exact sum: whether this step's gradients are folded into fp64
   // (always but where every micro-batch goes to the sink), and the fold.

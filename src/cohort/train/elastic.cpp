@@ -15,7 +15,6 @@
 #include "cohort/distributed/membership.hpp"
 #include "cohort/train/phase_timer.hpp"
 #include "cohort/train/run_dir.hpp"
-#include "cohort/train/sharded_optim.hpp"
 #include "cohort/train/trainer.hpp"
 
 namespace cohort {
@@ -28,88 +27,6 @@ std::vector<std::string> described(const std::vector<Member>& members) {
   std::vector<std::string> out;
   for (const auto& m : members) out.push_back(describe_members({m}));
   return out;
-}
-
-torch::Tensor named(const NamedTensors& ts, const std::string& name) {
-  for (const auto& [n, t] : ts) {
-    if (n == name) return t;
-  }
-  throw Error("state handover: the sharded optimizer state lacks " + name);
-}
-
-// dist.shard: the survivors' ranges of the moments, each sent by its
-// lowest-ranked holder in pieces, and kept by the ranks whose new range
-// overlaps it. ShardsLost when the ranges held at `step` leave a gap.
-std::string reshard_from_memory(Comm& comm, const Handover* held, int64_t step, ShardedOptimizer& shards) {
-  const int n = comm.size();
-  // Every rank takes rank 0's model: a rank 0 that ended mid-update (its
-  // range of step+1, the rest of step) hands over no range either.
-  std::vector<double> offers(3 * n + 1, 0.0);
-  if (comm.world().is_main() && held && !held->shard.empty()) offers[3 * n] = 1;
-  if (held && held->state.step == step && !held->shard.empty()) {
-    auto range = named(held->shard, "range").contiguous();
-    offers[3 * comm.rank()] = static_cast<double>(range.data_ptr<int64_t>()[0]);
-    offers[3 * comm.rank() + 1] = static_cast<double>(range.data_ptr<int64_t>()[1]);
-    offers[3 * comm.rank() + 2] = 1;
-  }
-  offers = comm.all_reduce_sum(offers, "sharded state handover");
-  struct Held {
-    int64_t lo, hi;
-    int rank;
-  };
-  std::vector<Held> ranges;
-  for (int r = 0; r < n; ++r) {
-    if (offers[3 * r + 2] == 0) continue;
-    Held h{static_cast<int64_t>(offers[3 * r]), static_cast<int64_t>(offers[3 * r + 1]), r};
-    bool seen = false;
-    for (const auto& x : ranges) seen = seen || (x.lo == h.lo && x.hi == h.hi);
-    if (!seen) ranges.push_back(h);
-  }
-  std::sort(ranges.begin(), ranges.end(), [](const Held& a, const Held& b) { return a.lo < b.lo; });
-  if (offers[3 * n] == 0) {
-    throw ShardsLost("dist.shard: the new world's rank 0 was applying a step's update when the world ended, so its "
-                     "model mixes two steps");
-  }
-  int64_t covered = 0, gap_end = -1;
-  const int64_t total = shards.layout().total();
-  for (const auto& h : ranges) {
-    if (h.lo > covered) {
-      gap_end = h.lo;
-      break;
-    }
-    covered = std::max(covered, h.hi);
-  }
-  if (covered < total) {
-    throw ShardsLost(strf("dist.shard: elements [%lld, %lld) of the optimizer state (of %lld) were held only by the "
-                          "lost rank(s) (dist.shard-replicas = %d)", static_cast<long long>(covered),
-                          static_cast<long long>(gap_end < 0 ? total : gap_end), static_cast<long long>(total),
-                          shards.layout().replicas));
-  }
-  torch::NoGradGuard no_grad;
-  constexpr int64_t kPiece = 1 << 22;  // floats per broadcast: what a rank holds beyond its range
-  for (const auto& h : ranges) {
-    const bool mine = h.rank == comm.rank();
-    for (int64_t at = h.lo; at < h.hi; at += kPiece) {
-      int64_t len = std::min(kPiece, h.hi - at);
-      torch::Tensor m, v;
-      if (mine) {
-        m = named(held->shard, "exp_avg").narrow(0, at - h.lo, len).clone();
-        v = named(held->shard, "exp_avg_sq").narrow(0, at - h.lo, len).clone();
-      } else {
-        m = torch::empty({len}, shards.state_options());
-        v = torch::empty({len}, shards.state_options());
-      }
-      comm.broadcast(m, h.rank, "sharded state handover");
-      comm.broadcast(v, h.rank, "sharded state handover");
-      shards.take(at, m, v);
-    }
-  }
-  torch::Tensor steps = ranges.front().rank == comm.rank() ? named(held->shard, "steps").clone()
-                                                           : torch::empty({static_cast<int64_t>(shards.layout().numels.size())}, torch::kInt64);
-  comm.broadcast(steps, ranges.front().rank, "sharded state handover");
-  shards.set_steps(steps);
-  return strf("dist.shard: re-sharded the optimizer state in memory from %zu surviving range(s) into %d",
-              ranges.size(), shards.layout().groups());
 }
 
 // The world cannot go on from memory (`why`): from the run's latest
@@ -218,7 +135,7 @@ RunSummary train_elastic(const Config& cfg, Membership& membership, const RunOpt
   }
 }
 
-std::shared_ptr<Handover> capture_handover(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+std::shared_ptr<Handover> capture_handover(torch::nn::Module& module, StepOptimizer& optimizer,
                                            const TrainState& state, int world_size, int64_t train_samples) {
   auto h = std::make_shared<Handover>();
   h->state.step = state.step;
@@ -230,16 +147,14 @@ std::shared_ptr<Handover> capture_handover(torch::nn::Module& module, torch::opt
   torch::NoGradGuard no_grad;
   for (auto& [name, t] : module_tensors(module)) h->model.emplace_back(name, t.detach().clone());
   std::ostringstream os;
-  torch::save(optimizer, os);
+  torch::save(optimizer.optimizer(), os);
   h->optimizer = os.str();
-  if (auto* shards = dynamic_cast<ShardedOptimizer*>(&optimizer); shards && shards->consistent()) {
-    for (auto& [name, t] : shards->range_state()) h->shard.emplace_back(name, t.clone());
-  }
+  h->shard = optimizer.held_ranges();
   if (state.scaler.enabled()) h->scaler = state.scaler.state().clone();
   return h;
 }
 
-bool adopt_handover(Comm& comm, const Handover* held, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+bool adopt_handover(Comm& comm, const Handover* held, torch::nn::Module& module, StepOptimizer& optimizer,
                     ReplicaSync& replicas, TrainState& state, std::vector<std::string>& notes) {
   const bool main_holds = comm.world().is_main() && held;
   if (comm.all_reduce_sum(std::vector<double>{main_holds ? 1.0 : 0.0}, "state handover")[0] == 0) return false;
@@ -259,12 +174,10 @@ bool adopt_handover(Comm& comm, const Handover* held, torch::nn::Module& module,
   comm.broadcast_bytes(blob, 0, "state handover");
   Handover got = decode_handover(blob);
   std::istringstream opt_in(got.optimizer);
-  torch::load(optimizer, opt_in, comm.world().device);  // saved where rank 0's parameters were
+  torch::load(optimizer.optimizer(), opt_in, comm.world().device);  // saved where rank 0's parameters were
   if (got.scaler.defined()) state.scaler.restore(got.scaler);
-  if (auto* shards = dynamic_cast<ShardedOptimizer*>(&optimizer)) {
-    notes.push_back(reshard_from_memory(comm, held, got.state.step, *shards));
-  }
-  for (const std::string& note : {replicas.start_new_world(got.outer_momentum), held ? held->note : std::string()}) {
+  for (const std::string& note : {optimizer.adopt_ranges(comm, held, got.state.step),
+                                  replicas.start_new_world(got.outer_momentum), held ? held->note : std::string()}) {
     if (!note.empty()) notes.push_back(note);
   }
   state.step = got.state.step;

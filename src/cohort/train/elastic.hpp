@@ -35,6 +35,7 @@
 #include "cohort/device/device_tally.hpp"
 #include "cohort/train/replica_sync.hpp"
 #include "cohort/train/run.hpp"
+#include "cohort/train/step_optimizer.hpp"
 #include "cohort/train/train_state.hpp"
 
 namespace cohort {
@@ -51,18 +52,10 @@ struct World;
 RunSummary train_elastic(const Config& cfg, Membership& membership, const RunOptions& run,
                          const std::function<void(const World&, RunOptions&)>& per_world);
 
-// A new world that would go on from memory cannot: a range of the sharded
-// optimizer state (dist.shard-replicas = 1, or every holder lost) is gone.
-// It goes on from the run's latest checkpoint instead.
-class ShardsLost : public Error {
- public:
-  using Error::Error;
-};
-
 // Step 2: this process's model, optimizer and state at the last completed
 // step, cloned, without collectives. The trainer adds the step's records
 // (RNG, cursor, train line, open interval).
-std::shared_ptr<Handover> capture_handover(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+std::shared_ptr<Handover> capture_handover(torch::nn::Module& module, StepOptimizer& optimizer,
                                            const TrainState& state, int world_size, int64_t train_samples);
 
 // Step 4, collective: when the new world's rank 0 holds a Handover, every
@@ -75,7 +68,7 @@ std::shared_ptr<Handover> capture_handover(torch::nn::Module& module, torch::opt
 // what the log should say is appended to `notes`. dist.shard: every rank
 // takes its new range of the moments from the survivors that hold them;
 // ShardsLost when a range has no holder left.
-bool adopt_handover(Comm& comm, const Handover* held, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+bool adopt_handover(Comm& comm, const Handover* held, torch::nn::Module& module, StepOptimizer& optimizer,
                     ReplicaSync& replicas, TrainState& state, std::vector<std::string>& notes);
 
 // dist.sync = local: the state at the last sync, the same on every rank,

@@ -6,14 +6,14 @@
 #include "cohort/obs/reporter.hpp"
 #include "cohort/train/phase_timer.hpp"
 #include "cohort/train/run_dir.hpp"
-#include "cohort/train/sharded_optim.hpp"
+#include "cohort/train/step_optimizer.hpp"
 #include "cohort/train/startup.hpp"
 #include "cohort/train/task.hpp"
 #include "cohort/train/train_state.hpp"
 
 namespace cohort {
 
-Keeper::Keeper(Comm& comm, Task& task, torch::optim::Optimizer& optimizer, ReplicaSync& replicas, TrainState& state,
+Keeper::Keeper(Comm& comm, Task& task, StepOptimizer& optimizer, ReplicaSync& replicas, TrainState& state,
                const std::string& out_dir, int keep, std::string config_toml, BestMetric best)
     : comm_(comm),
       task_(task),
@@ -42,40 +42,17 @@ void Keeper::save(Reporter& reporter) {
   last_step_ = state_.step;
   auto t0 = Clock::now();
   TrainState::Snapshot snapshot = state_.capture(comm_, task_.train_set().size(), replicas_.state());
-  if (auto* shards = dynamic_cast<ShardedOptimizer*>(&optimizer_)) write_ranges(*shards, snapshot.state);
+  optimizer_.write_ranges(comm_, checkpoints_, state_.step, snapshot.state);  // dist.shard: each range's file
   // Every rank fails with rank 0's write error (a full disk: exit 1, the
   // file named), instead of waiting in a barrier for a rank that is gone.
   on_main_then_agree(comm_, "checkpoint write", [&] {
     std::string dir;
     replicas_.with_synced([&] {
-      dir = checkpoints_.write(snapshot.state, module_tensors(*task_.module()), optimizer_, snapshot.rng, config_toml_);
+      dir = checkpoints_.write(snapshot.state, module_tensors(*task_.module()), optimizer_.optimizer(), snapshot.rng, config_toml_);
     });
     reporter.message(strf("ckpt  step %lld  %s  (%s)", static_cast<long long>(state_.step), dir.c_str(),
                           format_duration(seconds_since(t0)).c_str()));
   });
-}
-
-// dist.shard: each range's primary writes its optimizer moments into the
-// checkpoint being written, in parallel; rank 0 adds the rest.
-void Keeper::write_ranges(const ShardedOptimizer& shards, CheckpointState& record) {
-  const ShardLayout& layout = shards.layout();
-  record.shard = ShardRecord{name_of(shards.mode()), layout.replicas, layout.bounds, layout.weights};
-  on_main_then_agree(comm_, "checkpoint directory", [&] { checkpoints_.begin(state_.step); });
-  try {
-    on_each_then_agree(comm_, "checkpoint range write", [&] {
-      if (!layout.primary(comm_.rank())) return;
-      std::string path = checkpoints_.temp_dir(state_.step) + "/" + ShardRecord::file(shards.group());
-      try {
-        save_safetensors(path, shards.range_state(),
-                         {{"lo", std::to_string(shards.lo())}, {"hi", std::to_string(shards.hi())}});
-      } catch (const Error& e) {  // a full disk: as a whole checkpoint's failed write says it
-        throw Error(detail::cat(e.what(), "; ", checkpoints_.not_written(state_.step)), e.exit_code());
-      }
-    });
-  } catch (...) {
-    if (comm_.world().is_main()) checkpoints_.abandon(state_.step);
-    throw;
-  }
 }
 
 void Keeper::after_eval(const EvalReport& r, Reporter& reporter) {

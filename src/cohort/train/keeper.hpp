@@ -12,19 +12,16 @@
 #include <string>
 #include <vector>
 
-#include <torch/optim/optimizer.h>
-
 #include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/train/best.hpp"
 
 namespace cohort {
 
-class ShardedOptimizer;
-
 class Comm;
 class ReplicaSync;
 class Reporter;
 class RunDir;
+class StepOptimizer;
 class Task;
 struct TrainState;
 
@@ -33,7 +30,7 @@ class Keeper {
   // `best`: ckpt.best-metric and its patience, checked already. The
   // checkpoint's model is the one `replicas` says every rank agrees on;
   // its sync state goes beside the RNG streams.
-  Keeper(Comm& comm, Task& task, torch::optim::Optimizer& optimizer, ReplicaSync& replicas, TrainState& state,
+  Keeper(Comm& comm, Task& task, StepOptimizer& optimizer, ReplicaSync& replicas, TrainState& state,
          const std::string& out_dir, int keep, std::string config_toml, BestMetric best);
 
   // A continued run's best so far and the evaluations since: read by rank 0
@@ -51,11 +48,9 @@ class Keeper {
   std::string early_stop(int64_t total_steps, Reporter& reporter);
 
  private:
-  void write_ranges(const ShardedOptimizer& shards, CheckpointState& record);
-
   Comm& comm_;
   Task& task_;
-  torch::optim::Optimizer& optimizer_;
+  StepOptimizer& optimizer_;
   ReplicaSync& replicas_;
   TrainState& state_;
   std::string out_dir_;

@@ -9,7 +9,7 @@
 #include "cohort/core/format.hpp"
 #include "cohort/distributed/world.hpp"
 #include "cohort/train/replica_sync.hpp"
-#include "cohort/train/sharded_optim.hpp"
+#include "cohort/train/step_optimizer.hpp"
 #include "cohort/train/task.hpp"
 #include "cohort/train/train_state.hpp"
 
@@ -42,13 +42,12 @@ std::vector<std::string> load_init_weights(Task& task, const std::string& init) 
   return notes;
 }
 
-std::vector<std::string> restore_checkpoint(const ResolvedCheckpoint& from, Task& task,
-                                            torch::optim::Optimizer& optimizer, ReplicaSync& replicas,
-                                            TrainState& state, const World& world, const std::string& data_path,
-                                            int64_t usable) {
+std::vector<std::string> restore_checkpoint(const ResolvedCheckpoint& from, Task& task, StepOptimizer& optimizer,
+                                            ReplicaSync& replicas, TrainState& state, const World& world,
+                                            const std::string& data_path, int64_t usable) {
   namespace fs = std::filesystem;
   load_model_weights(*task.module(), from.file("model.safetensors"));
-  std::string reshard = load_optimizer_state(from, optimizer, *task.module());
+  std::string reshard = optimizer.restore(from);
   state.restore(from, world);
   // data.path may change on resume (the data moved); the data may not.
   COHORT_CHECK(from.state.train_samples < 0 || from.state.train_samples == task.train_set().size(), DataError,

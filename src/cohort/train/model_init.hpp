@@ -10,15 +10,11 @@
 namespace cohort {
 
 class ReplicaSync;
+class StepOptimizer;
 class Task;
 struct ResolvedCheckpoint;
 struct TrainState;
 struct World;
-}  // namespace cohort
-namespace torch::optim {
-class Optimizer;
-}  // namespace torch::optim
-namespace cohort {
 
 // model.init: `init` (a run directory, a checkpoint or a .safetensors file)
 // into the task's model. A pretraining task takes every tensor; a
@@ -32,9 +28,8 @@ std::vector<std::string> load_init_weights(Task& task, const std::string& init);
 // (PowerSGD's, local sync's) into `replicas`. DataError when the data are
 // not the checkpoint's: another sample count in `data_path`, or a cursor
 // beyond the epoch's `usable` samples. Returns the log's notes.
-std::vector<std::string> restore_checkpoint(const ResolvedCheckpoint& from, Task& task,
-                                            torch::optim::Optimizer& optimizer, ReplicaSync& replicas,
-                                            TrainState& state, const World& world, const std::string& data_path,
-                                            int64_t usable);
+std::vector<std::string> restore_checkpoint(const ResolvedCheckpoint& from, Task& task, StepOptimizer& optimizer,
+                                            ReplicaSync& replicas, TrainState& state, const World& world,
+                                            const std::string& data_path, int64_t usable);
 
 }  // namespace cohort

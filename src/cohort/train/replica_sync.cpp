@@ -9,7 +9,7 @@
 #include "cohort/distributed/comm.hpp"
 #include "cohort/distributed/grad_sync.hpp"
 #include "cohort/distributed/local_sync.hpp"
-#include "cohort/train/sharded_optim.hpp"
+#include "cohort/train/step_optimizer.hpp"
 
 namespace cohort {
 
@@ -40,17 +40,16 @@ torch::Tensor find(const NamedTensors& tensors, const std::string& name) {
 
 }  // namespace
 
-ReplicaSync::ReplicaSync(Comm& comm, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                         const Config& cfg)
+ReplicaSync::ReplicaSync(Comm& comm, torch::nn::Module& module, StepOptimizer& optimizer, const Config& cfg)
     : comm_(comm),
-      optimizer_(optimizer),
+      optimizer_(optimizer.optimizer()),
       mode_(cfg.dist.sync),
       compression_(cfg.dist.grad_compression),
       dist_(cfg.dist),
       optim_(cfg.optim) {
   if (mode_ == SyncMode::kStep) {
     GradSyncOptions o = grad_sync_options(cfg.dist, cfg.train.seed);
-    if (auto* sharded = dynamic_cast<ShardedOptimizer*>(&optimizer)) o.sink = sharded->sink();
+    o.sink = optimizer.sink();  // dist.shard = gradients: sums go straight into the ranges
     grad_sync_ = std::make_unique<GradSync>(comm, module, o);
     return;
   }

@@ -21,6 +21,7 @@ namespace cohort {
 class Comm;
 class GradSync;
 class LocalSync;
+class StepOptimizer;
 
 // What a checkpoint holds of it beyond the model and rank 0's optimizer:
 // tensors the same on every rank, and each rank's own (PowerSGD's
@@ -34,7 +35,7 @@ struct SyncState {
 class ReplicaSync {
  public:
   // After the module's first broadcast: every rank holds the same weights.
-  ReplicaSync(Comm& comm, torch::nn::Module& module, torch::optim::Optimizer& optimizer, const Config& cfg);
+  ReplicaSync(Comm& comm, torch::nn::Module& module, StepOptimizer& optimizer, const Config& cfg);
   ~ReplicaSync();
 
   // What train_step sums gradients with; null in local mode.

@@ -4,6 +4,7 @@
 #include <malloc.h>
 #include <torch/serialize.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -12,6 +13,8 @@
 #include "cohort/core/format.hpp"
 #include "cohort/distributed/comm.hpp"
 #include "cohort/train/optim.hpp"
+#include "cohort/train/startup.hpp"
+#include "cohort/train/train_state.hpp"
 
 namespace cohort {
 
@@ -253,110 +256,147 @@ void ShardedOptimizer::take_whole(torch::optim::Optimizer& whole) {
   }
 }
 
+NamedTensors ShardedOptimizer::held_ranges() const {
+  NamedTensors out;
+  if (!consistent_) return out;  // its parameters mix two steps: no range to hand over
+  for (auto& [name, t] : range_state()) out.emplace_back(name, t.clone());
+  return out;
+}
+
+std::string ShardedOptimizer::restore(const ResolvedCheckpoint& from) {
+  const ShardRecord& rec = from.state.shard;
+  const std::string archive = from.file("optimizer.pt");
+  if (!rec.sharded()) {
+    // A whole state: read it beside the parameters, keep this rank's range.
+    torch::optim::AdamW whole(param_groups(), torch::optim::AdamWOptions());
+    torch::load(whole, archive, torch::Device(torch::kCPU));
+    take_whole(whole);
+    for (size_t g = 0; g < whole.param_groups().size(); ++g) {  // its options, as a whole reader takes them
+      param_groups().at(g).set_options(whole.param_groups()[g].options().clone());
+    }
+    return "dist.shard: the checkpoint's optimizer state was whole; this rank kept its range of it";
+  }
+  COHORT_CHECK(rec.bounds.back() == layout_.total(), DataError, from.dir, ": its optimizer ranges cover ",
+               rec.bounds.back(), " parameters, this model has ", layout_.total());
+  torch::load(*this, archive);  // the options only: a sharded optimizer's archive holds no state
+  RangeSource src = read_ranges(from);
+  src.for_each(lo(), hi(), layout_.total() + 1,
+               [this](int64_t at, const torch::Tensor& m, const torch::Tensor& v) { take(at, m, v); });
+  set_steps(src.steps());
+  if (layout_.bounds == rec.bounds && layout_.replicas == rec.replicas) return "";
+  return strf("dist.shard: re-sharded the optimizer state from %d range(s) to %d", rec.groups(), layout_.groups());
+}
+
+void ShardedOptimizer::write_ranges(Comm& comm, Checkpoints& checkpoints, int64_t step, CheckpointState& record) {
+  record.shard = ShardRecord{name_of(mode_), layout_.replicas, layout_.bounds, layout_.weights};
+  on_main_then_agree(comm, "checkpoint directory", [&] { checkpoints.begin(step); });
+  try {
+    on_each_then_agree(comm, "checkpoint range write", [&] {
+      if (!layout_.primary(comm.rank())) return;
+      std::string path = checkpoints.temp_dir(step) + "/" + ShardRecord::file(group_);
+      try {
+        save_safetensors(path, range_state(), {{"lo", std::to_string(lo())}, {"hi", std::to_string(hi())}});
+      } catch (const Error& e) {  // a full disk: as a whole checkpoint's failed write says it
+        throw Error(detail::cat(e.what(), "; ", checkpoints.not_written(step)), e.exit_code());
+      }
+    });
+  } catch (...) {
+    if (comm.world().is_main()) checkpoints.abandon(step);
+    throw;
+  }
+}
+
 namespace {
 
-// One range file of a sharded checkpoint, checked against the record.
-struct RangeFile {
-  int64_t lo = 0, hi = 0;
-  torch::Tensor exp_avg, exp_avg_sq, steps;
-};
-
-RangeFile read_range(const ResolvedCheckpoint& from, int g) {
-  const std::string path = from.file(ShardRecord::file(g));
-  SafetensorsFile f = load_safetensors(path);
-  RangeFile r{from.state.shard.bounds.at(g), from.state.shard.bounds.at(g + 1), {}, {}, {}};
-  for (const char* key : {"exp_avg", "exp_avg_sq", "steps"}) {
-    COHORT_CHECK(f.tensors.count(key), DataError, path, ": no tensor '", key, "'");
+torch::Tensor named(const NamedTensors& ts, const std::string& name) {
+  for (const auto& [n, t] : ts) {
+    if (n == name) return t;
   }
-  r.exp_avg = f.tensors.at("exp_avg");
-  r.exp_avg_sq = f.tensors.at("exp_avg_sq");
-  r.steps = f.tensors.at("steps");
-  COHORT_CHECK(r.exp_avg.numel() == r.hi - r.lo && r.exp_avg_sq.numel() == r.hi - r.lo, DataError, path, ": holds ",
-               r.exp_avg.numel(), " values, but state.json gives its range [", r.lo, ", ", r.hi, ")");
-  return r;
+  throw Error("state handover: the sharded optimizer state lacks " + name);
 }
 
 }  // namespace
 
-std::string load_optimizer_state(const ResolvedCheckpoint& from, torch::optim::Optimizer& optimizer,
-                                 torch::nn::Module& module) {
-  namespace fs = std::filesystem;
-  const ShardRecord& rec = from.state.shard;
-  auto* shards = dynamic_cast<ShardedOptimizer*>(&optimizer);
-  const std::string archive = from.file("optimizer.pt");
-  // Saved where the writer's parameters were: the state goes where this
-  // rank's are.
-  const torch::Device device = module.parameters().empty() ? torch::Device(torch::kCPU) : module.parameters()[0].device();
-  if (!rec.sharded()) {
-    if (!shards) {
-      torch::load(optimizer, archive, device);
-      return "";
-    }
-    // A whole state: read it beside the parameters, keep this rank's range.
-    torch::optim::AdamW whole(optimizer.param_groups(), torch::optim::AdamWOptions());
-    torch::load(whole, archive, torch::Device(torch::kCPU));  // this rank keeps its range of it
-    shards->take_whole(whole);
-    for (size_t g = 0; g < whole.param_groups().size(); ++g) {  // its options, as a whole reader takes them
-      optimizer.param_groups().at(g).set_options(whole.param_groups()[g].options().clone());
-    }
-    return "dist.shard: the checkpoint's optimizer state was whole; this rank kept its range of it";
+// The members pool which range each holds at `step`; every range that is
+// held goes out from its lowest-ranked holder, in pieces, and each rank keeps
+// what falls in its new range. ShardsLost when they leave a gap.
+std::string ShardedOptimizer::adopt_ranges(Comm& comm, const Handover* held, int64_t step) {
+  const int n = comm.size();
+  // Every rank takes rank 0's model: a rank 0 that ended mid-update (its
+  // range of step+1, the rest of step) hands over no range either.
+  std::vector<double> offers(3 * n + 1, 0.0);
+  if (comm.world().is_main() && held && !held->shard.empty()) offers[3 * n] = 1;
+  if (held && held->state.step == step && !held->shard.empty()) {
+    auto range = named(held->shard, "range").contiguous();
+    offers[3 * comm.rank()] = static_cast<double>(range.data_ptr<int64_t>()[0]);
+    offers[3 * comm.rank() + 1] = static_cast<double>(range.data_ptr<int64_t>()[1]);
+    offers[3 * comm.rank() + 2] = 1;
   }
-  std::vector<torch::Tensor> params;
-  for (auto& p : module.parameters()) {
-    if (p.requires_grad()) params.push_back(p);
+  offers = comm.all_reduce_sum(offers, "sharded state handover");
+  if (offers[3 * n] == 0) {
+    throw ShardsLost("dist.shard: the new world's rank 0 was applying a step's update when the world ended, so its "
+                     "model mixes two steps");
   }
-  int64_t total = 0;
-  for (const auto& p : params) total += p.numel();
-  COHORT_CHECK(rec.bounds.back() == total, DataError, from.dir, ": its optimizer ranges cover ", rec.bounds.back(),
-               " parameters, this model has ", total);
-  if (shards) {
-    torch::load(optimizer, archive);  // the options only: a sharded optimizer's archive holds no state
-    bool have_steps = false;  // the same in every file
-    for (int g = 0; g < rec.groups(); ++g) {
-      if (rec.bounds[g] >= shards->hi() || rec.bounds[g + 1] <= shards->lo()) continue;  // only what overlaps
-      RangeFile r = read_range(from, g);
-      shards->take(r.lo, r.exp_avg, r.exp_avg_sq);
-      shards->set_steps(r.steps);
-      have_steps = true;
+  struct Offer {
+    RangeSource::Range range;
+    int rank;  // its lowest-ranked holder
+  };
+  std::vector<Offer> offered;
+  for (int r = 0; r < n; ++r) {
+    if (offers[3 * r + 2] == 0) continue;
+    RangeSource::Range h{static_cast<int64_t>(offers[3 * r]), static_cast<int64_t>(offers[3 * r + 1])};
+    bool seen = false;
+    for (const auto& x : offered) seen = seen || (x.range.lo == h.lo && x.range.hi == h.hi);
+    if (!seen) offered.push_back({h, r});
+  }
+  std::sort(offered.begin(), offered.end(), [](const Offer& a, const Offer& b) { return a.range.lo < b.range.lo; });
+  RangeSource src;
+  src.collective = true;
+  std::vector<int> holder;  // per range of src
+  for (const auto& o : offered) {
+    src.ranges.push_back(o.range);
+    holder.push_back(o.rank);
+  }
+  int64_t covered = 0, gap_end = -1;
+  for (const auto& h : src.ranges) {
+    if (h.lo > covered) {
+      gap_end = h.lo;
+      break;
     }
-    if (!have_steps) shards->set_steps(read_range(from, 0).steps);
-    const ShardLayout& now = shards->layout();
-    if (now.bounds == rec.bounds && now.replicas == rec.replicas) return "";
-    return strf("dist.shard: re-sharded the optimizer state from %d range(s) to %d", rec.groups(), now.groups());
+    covered = std::max(covered, h.hi);
   }
-  // An unsharded run: every range into the whole optimizer's state.
+  if (covered < layout_.total()) {
+    throw ShardsLost(strf("dist.shard: elements [%lld, %lld) of the optimizer state (of %lld) were held only by the "
+                          "lost rank(s) (dist.shard-replicas = %d)", static_cast<long long>(covered),
+                          static_cast<long long>(gap_end < 0 ? layout_.total() : gap_end),
+                          static_cast<long long>(layout_.total()), layout_.replicas));
+  }
+  const int me = comm.rank();
+  src.piece = [&](size_t i, int64_t at, int64_t len) {
+    torch::Tensor m, v;
+    if (holder[i] == me) {
+      m = named(held->shard, "exp_avg").narrow(0, at - src.ranges[i].lo, len).clone();
+      v = named(held->shard, "exp_avg_sq").narrow(0, at - src.ranges[i].lo, len).clone();
+    } else {
+      m = torch::empty({len}, state_options());
+      v = torch::empty({len}, state_options());
+    }
+    comm.broadcast(m, holder[i], "sharded state handover");
+    comm.broadcast(v, holder[i], "sharded state handover");
+    return std::make_pair(m, v);
+  };
+  src.steps = [&] {
+    torch::Tensor steps = holder.front() == me ? named(held->shard, "steps").clone()
+                                               : torch::empty({static_cast<int64_t>(steps_.size())}, torch::kInt64);
+    comm.broadcast(steps, holder.front(), "sharded state handover");
+    return steps;
+  };
   torch::NoGradGuard no_grad;
-  auto& state = optimizer.state();
-  std::vector<int64_t> starts(params.size(), 0);
-  for (size_t k = 1; k < params.size(); ++k) starts[k] = starts[k - 1] + params[k - 1].numel();
-  for (int g = 0; g < rec.groups(); ++g) {
-    RangeFile r = read_range(from, g);
-    auto steps = r.steps.to(torch::kInt64).contiguous();
-    COHORT_CHECK(steps.numel() == static_cast<int64_t>(params.size()), DataError, from.dir, "/",
-                 ShardRecord::file(g), ": ", steps.numel(), " step counts for ", params.size(), " parameters");
-    for (size_t k = 0; k < params.size(); ++k) {
-      int64_t a = std::max(starts[k], r.lo), b = std::min(starts[k] + params[k].numel(), r.hi);
-      if (a >= b || steps.data_ptr<int64_t>()[k] == 0) continue;
-      void* key = params[k].unsafeGetTensorImpl();
-      auto it = state.find(key);
-      if (it == state.end()) {
-        auto st = std::make_unique<torch::optim::AdamWParamState>();
-        st->exp_avg(torch::zeros_like(params[k]));
-        st->exp_avg_sq(torch::zeros_like(params[k]));
-        st->step(steps.data_ptr<int64_t>()[k]);
-        it = state.emplace(key, std::move(st)).first;
-      }
-      auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
-      st.exp_avg().view({-1}).narrow(0, a - starts[k], b - a).copy_(r.exp_avg.narrow(0, a - r.lo, b - a));
-      st.exp_avg_sq().view({-1}).narrow(0, a - starts[k], b - a).copy_(r.exp_avg_sq.narrow(0, a - r.lo, b - a));
-    }
-  }
-  return strf("dist.shard: joined the checkpoint's %d optimizer range(s) into one whole state", rec.groups());
-}
-
-std::unique_ptr<torch::optim::Optimizer> make_step_optimizer(Comm& comm, const Config& cfg, torch::nn::Module& module) {
-  if (cfg.dist.shard == ShardMode::kNone) return make_optimizer(cfg.optim, module);
-  return std::make_unique<ShardedOptimizer>(comm, module, cfg);
+  constexpr int64_t kPiece = 1 << 22;  // floats per broadcast: what a rank holds beyond its range
+  src.for_each(lo(), hi(), kPiece, [this](int64_t at, const torch::Tensor& m, const torch::Tensor& v) { take(at, m, v); });
+  set_steps(src.steps());
+  return strf("dist.shard: re-sharded the optimizer state in memory from %zu surviving range(s) into %d",
+              src.ranges.size(), layout_.groups());
 }
 
 }  // namespace cohort

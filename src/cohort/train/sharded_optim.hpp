@@ -1,4 +1,4 @@
-// defines: ShardedOptimizer, make_step_optimizer
+// defines: ShardedOptimizer
 //
 // dist.shard (ZeRO stages 1 and 2, in uneven pieces): every rank keeps the
 // AdamW or LAMB moments of its group's range of the flat parameters
@@ -28,25 +28,38 @@
 #include "cohort/distributed/grad_sync.hpp"
 #include "cohort/distributed/shard_layout.hpp"
 #include "cohort/train/precision.hpp"
+#include "cohort/train/step_optimizer.hpp"
 
 namespace cohort {
 
 class Comm;
 
-class ShardedOptimizer : public torch::optim::AdamW, public GradShardSink {
+class ShardedOptimizer : public torch::optim::AdamW, public GradShardSink, public StepOptimizer {
  public:
   // Collective: agrees the weights (dist.shard-weights) and the layout.
   ShardedOptimizer(Comm& comm, torch::nn::Module& module, const Config& cfg);
 
   torch::Tensor step(LossClosure closure = nullptr) override;
 
+  // StepOptimizer: the step.
+  torch::optim::Optimizer& optimizer() override { return *this; }
   // GradSync's sink in gradients mode on more than one rank; null otherwise.
-  GradShardSink* sink() { return shard_grads_ ? this : nullptr; }
+  GradShardSink* sink() override { return shard_grads_ ? this : nullptr; }
   void add_reduced(const std::vector<size_t>& params, const torch::Tensor& flat) override;
-  // The gradients this step applies, as this rank holds them.
-  GradientSet gradients();
-  // Before each step's first backward.
-  void zero_grad_range();
+  GradientSet gradients() override;
+  void zero_grad_range() override;
+
+  // StepOptimizer: its state, in ranges. A checkpoint holds one range file
+  // per group, written by the group's primary; restore() reads only the files
+  // that overlap this rank's range (or takes its range of a whole state);
+  // adopt_ranges() deals the survivors' ranges, each sent by its
+  // lowest-ranked holder in pieces.
+  void write_ranges(Comm& comm, Checkpoints& checkpoints, int64_t step, CheckpointState& record) override;
+  std::string restore(const ResolvedCheckpoint& from) override;
+  NamedTensors held_ranges() const override;
+  std::string adopt_ranges(Comm& comm, const Handover* held, int64_t step) override;
+  // The start-up line: the layout and what this rank holds.
+  std::string describe() const override;
 
   const ShardLayout& layout() const { return layout_; }
   ShardMode mode() const { return mode_; }
@@ -69,8 +82,6 @@ class ShardedOptimizer : public torch::optim::AdamW, public GradShardSink {
   // From a whole optimizer's state over the same parameters (an unsharded
   // checkpoint): its range and the step counts.
   void take_whole(torch::optim::Optimizer& whole);
-  // The start-up line: the layout and what this rank holds.
-  std::string describe() const;
 
  private:
   struct Segment {
@@ -107,17 +118,5 @@ class ShardedOptimizer : public torch::optim::AdamW, public GradShardSink {
   std::vector<int64_t> steps_;         // per parameter, as libtorch's AdamW counts them (the same on every rank)
   torch::nn::Module& module_;
 };
-
-// A checkpoint's optimizer state into `optimizer`, whichever of the two
-// wrote it and whichever reads it: whole (optimizer.pt) or in ranges
-// (optimizer.shard-G.safetensors, any world size and weights). A sharded
-// reader loads only the files that overlap its range. Returns a note when
-// the layout changed, else "".
-std::string load_optimizer_state(const ResolvedCheckpoint& from, torch::optim::Optimizer& optimizer,
-                                 torch::nn::Module& module);
-
-// The trainer's optimizer: make_optimizer's, or a ShardedOptimizer when
-// dist.shard is on.
-std::unique_ptr<torch::optim::Optimizer> make_step_optimizer(Comm& comm, const Config& cfg, torch::nn::Module& module);
 
 }  // namespace cohort

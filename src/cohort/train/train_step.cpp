@@ -9,7 +9,7 @@
 #include "cohort/model/dropout.hpp"
 #include "cohort/obs/reporter.hpp"
 #include "cohort/train/precision.hpp"
-#include "cohort/train/sharded_optim.hpp"
+#include "cohort/train/step_optimizer.hpp"
 #include "cohort/train/task.hpp"
 #include "cohort/train/train_state.hpp"
 
@@ -88,7 +88,7 @@ StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch
   auto& module = *parts.task.module();
   module.train();
   zero_gradients(module);
-  if (parts.shards) parts.shards->zero_grad_range();
+  parts.optimizer.zero_grad_range();
   std::vector<double> units = global_units(parts, batch, state.step);
   StepResult result;
   const size_t rounds = reduce_rounds(parts, batch);
@@ -139,11 +139,11 @@ StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch
   // the same decision (local steps: each rank its own). fp16: an overflow
   // skips the step and lowers the loss scale. Otherwise a non-finite gradient
   // is fatal (training diverged): the log point that reads grad_norm says so.
-  GradientSet grads = parts.shards ? parts.shards->gradients() : module_gradients(module);
+  GradientSet grads = parts.optimizer.gradients();
   if (state.scaler.unscale_and_update(grads)) {
     result.grad_norm = clip_gradients(grads, parts.clip_norm);  // global: the gradients are reduced
-    set_lr(parts.optimizer, parts.schedule.at(state.step));
-    parts.optimizer.step();
+    set_lr(parts.optimizer.optimizer(), parts.schedule.at(state.step));
+    parts.optimizer.optimizer().step();
   }
   timer.lap(Phase::kOptim, t_optim);
   return result;

@@ -9,7 +9,6 @@
 #pragma once
 
 #include <c10/core/Device.h>
-#include <torch/optim/optimizer.h>
 
 #include <cstdint>
 
@@ -25,22 +24,21 @@ namespace cohort {
 
 class Comm;
 class GradSync;
-class ShardedOptimizer;
+class StepOptimizer;
 class Task;
 struct TrainState;
 
 // What a step works with; owned by the trainer, set field by field.
 struct StepParts {
-  StepParts(Task& task, Comm& comm, GradSync* grad_sync, torch::optim::Optimizer& optimizer, const LrSchedule& schedule)
+  StepParts(Task& task, Comm& comm, GradSync* grad_sync, StepOptimizer& optimizer, const LrSchedule& schedule)
       : task(task), comm(comm), grad_sync(grad_sync), optimizer(optimizer), schedule(schedule) {}
   Task& task;
   Comm& comm;
   // Null for dist.sync = local: each rank steps on its own gradient, divided
   // by its own unit counts (the ranks meet in LocalSync every few steps).
   GradSync* grad_sync;
-  torch::optim::Optimizer& optimizer;
+  StepOptimizer& optimizer;  // whole, or this rank's range (dist.shard), which may hold only its range's gradients
   const LrSchedule& schedule;
-  ShardedOptimizer* shards = nullptr;  // dist.shard: `optimizer`, which may hold only its range's gradients
   Precision precision = Precision::kFp32;  // resolved: fp32, bf16 or fp16
   c10::Device device = c10::Device(c10::kCPU);
   double clip_norm = 0;

@@ -28,7 +28,7 @@
 #include "cohort/train/reporting.hpp"
 #include "cohort/train/run_dir.hpp"
 #include "cohort/train/runtime.hpp"
-#include "cohort/train/sharded_optim.hpp"
+#include "cohort/train/step_optimizer.hpp"
 #include "cohort/train/startup.hpp"
 #include "cohort/train/stop.hpp"
 #include "cohort/train/task.hpp"
@@ -52,8 +52,7 @@ struct Trainer::Parts {
   std::shared_ptr<const Dataset> eval_data;
   std::unique_ptr<GlobalOrder> order;
   int64_t total_steps = 0;
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
-  ShardedOptimizer* shards = nullptr;  // dist.shard: `optimizer`, holding its range
+  std::unique_ptr<StepOptimizer> optimizer;  // whole, or this rank's range of the state (dist.shard)
   std::unique_ptr<ReplicaSync> replicas;  // dist.sync: gradient sums every step, or local steps
   LrSchedule schedule;
   std::unique_ptr<Balancer> balancer;
@@ -120,7 +119,6 @@ Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
   total_steps = plan.total_steps;
   for (auto& note : plan.notes) run.notes.push_back(note);
   optimizer = make_step_optimizer(comm, cfg, *task->module());
-  shards = dynamic_cast<ShardedOptimizer*>(optimizer.get());
   schedule = LrSchedule::from(cfg.optim, total_steps);
   replicas = std::make_unique<ReplicaSync>(comm, *task->module(), *optimizer, cfg);
   if (const ResolvedCheckpoint* from = run.checkpoint()) {
@@ -240,7 +238,7 @@ void Trainer::Parts::begin() {
     reporter->message(line);
   }
   if (std::string sync = replicas->describe(); !sync.empty()) reporter->message(sync);
-  if (shards) reporter->message(shards->describe());
+  if (std::string ranges = optimizer->describe(); !ranges.empty()) reporter->message(ranges);
   log->interval().start = Clock::now();
   world_start_step = state.step;
   if (held()) log->begin(held()->first_step, held()->started);  // the summary and ETA count every world of this process
@@ -262,7 +260,6 @@ StepParts Trainer::Parts::step_parts() const {
   p.dropout_rng = cfg.model.dropout_rng;
   p.seed = cfg.train.seed;
   if (cfg.data.balance == Balance::kAuto && world.world_size > 1) p.clock = compute_clock.get();
-  p.shards = shards;
   p.at = run.at;
   return p;
 }
