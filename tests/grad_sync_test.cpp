@@ -7,7 +7,7 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/distributed/comm.hpp"
-#include "cohort/distributed/grad_sync.hpp"
+#include "cohort/sync/grad_sync.hpp"
 #include "helpers.hpp"
 #include "thread_world.hpp"
 

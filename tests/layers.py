@@ -2,7 +2,11 @@
 headers and those of the layers below it (docs/design.md, Layout).
 
     core -> config -> text, obs, eval -> device -> data, distributed
-         -> model, ckpt, prep -> train -> launch
+         -> model, ckpt, prep, sync -> train -> launch
+
+distributed/ is transport (World, rendezvous, Comm, membership); sync/ is
+the algorithms that keep replicas together over it (GradSync, PowerSGD,
+local steps, the shard layout).
 
 The layers below data/ and prep/ never include torch (CMakeLists.txt
 compiles them without its precompiled header). Exits 1 naming every include
@@ -11,8 +15,8 @@ import os
 import re
 import sys
 
-LAYERS = [["core"], ["config"], ["text", "obs", "eval"], ["device"], ["data", "distributed"], ["model", "ckpt", "prep"],
-          ["train"], ["launch"]]
+LAYERS = [["core"], ["config"], ["text", "obs", "eval"], ["device"], ["data", "distributed"],
+          ["model", "ckpt", "prep", "sync"], ["train"], ["launch"]]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 TORCH_FREE = {"core", "config", "text", "obs", "eval", "prep"}
 

@@ -8,7 +8,7 @@
 #include <filesystem>
 
 #include "cohort/ckpt/safetensors.hpp"
-#include "cohort/distributed/shard_layout.hpp"
+#include "cohort/sync/shard_layout.hpp"
 #include "helpers.hpp"
 
 using namespace cohort;

@@ -7,8 +7,8 @@
 #include <filesystem>
 
 #include "cohort/distributed/comm.hpp"
-#include "cohort/distributed/grad_sync.hpp"
-#include "cohort/distributed/powersgd.hpp"
+#include "cohort/sync/grad_sync.hpp"
+#include "cohort/sync/powersgd.hpp"
 #include "helpers.hpp"
 #include "thread_world.hpp"
 

@@ -2,7 +2,7 @@
 //
 // dist.shard (ZeRO stages 1 and 2, in uneven pieces): every rank keeps the
 // AdamW or LAMB moments of its group's range of the flat parameters
-// (distributed/shard_layout.hpp) and updates only that range; then each
+// (sync/shard_layout.hpp) and updates only that range; then each
 // group's primary broadcasts the range it updated, so every rank holds every
 // parameter again. The parameters are views into one flat buffer, so a range
 // goes on the wire in place. `optimizer` mode reads its range out of the
@@ -25,8 +25,8 @@
 #include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/ckpt/safetensors.hpp"
 #include "cohort/config/config.hpp"
-#include "cohort/distributed/grad_sync.hpp"
-#include "cohort/distributed/shard_layout.hpp"
+#include "cohort/sync/grad_sync.hpp"
+#include "cohort/sync/shard_layout.hpp"
 #include "cohort/train/precision.hpp"
 #include "cohort/train/step_optimizer.hpp"
 

@@ -5,7 +5,7 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/distributed/comm.hpp"
-#include "cohort/distributed/grad_sync.hpp"
+#include "cohort/sync/grad_reduction.hpp"
 #include "cohort/model/dropout.hpp"
 #include "cohort/obs/reporter.hpp"
 #include "cohort/train/precision.hpp"
@@ -28,11 +28,11 @@ void zero_gradients(torch::nn::Module& module) {
 
 // Global unit counts per loss term, then the throughput count, known before
 // any backward: from the batch plan, or one small all-reduce. Local steps
-// (no grad_sync) divide by this rank's own counts, and only the throughput
-// count is global.
+// (a reduction that keeps each rank's own gradients) divide by this rank's
+// own counts, and only the throughput count is global.
 std::vector<double> global_units(const StepParts& parts, const StepBatch& batch, int64_t step) {
   std::vector<double> units = {static_cast<double>(batch.global_samples), static_cast<double>(batch.global_samples)};
-  if (!parts.grad_sync) {
+  if (!parts.reduction.sums_over_ranks()) {
     std::vector<double> local(parts.task.loss_terms() + 1, 0.0);
     for (size_t m = 0; m < batch.micro.size(); ++m) {
       if (batch.micro[m].empty()) continue;
@@ -75,7 +75,7 @@ std::vector<double> global_units(const StepParts& parts, const StepBatch& batch,
 // most any rank has (shares differ between ranks),
 // so that every rank issues as many sums; the extra rounds are empty.
 size_t reduce_rounds(const StepParts& parts, const StepBatch& batch) {
-  if (!parts.grad_sync || !parts.grad_sync->reduces_every_micro_batch()) return batch.micro.size();
+  if (!parts.reduction.reduces_every_micro_batch()) return batch.micro.size();
   std::vector<double> counts(parts.comm.size(), 0.0);
   counts[parts.comm.rank()] = static_cast<double>(batch.micro.size());
   counts = parts.comm.all_reduce_sum(counts, "micro-batch count");
@@ -93,7 +93,7 @@ StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch
   StepResult result;
   const size_t rounds = reduce_rounds(parts, batch);
   for (size_t m = 0; m < rounds; ++m) {
-    if (parts.grad_sync) parts.grad_sync->prepare(/*sync=*/m + 1 == rounds);  // only the last backward communicates
+    parts.reduction.prepare(/*sync=*/m + 1 == rounds);  // only the last backward communicates
     if (m >= batch.micro.size() || batch.micro[m].empty()) continue;  // an empty round still takes its part
     const Example& micro = batch.micro[m];
     auto t0 = Clock::now();
@@ -124,7 +124,7 @@ StepResult train_step(const StepParts& parts, TrainState& state, const StepBatch
     result.tally.merge(out.tally);
   }
   auto t_comm = Clock::now();
-  if (parts.grad_sync) parts.grad_sync->finalize();
+  parts.reduction.finalize();
   // The step's metrics are summed over the ranks before its update is
   // applied, so every rank that applies it holds its whole record: when a
   // member is lost right after, the survivors can still log the step. On a

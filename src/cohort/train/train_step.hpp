@@ -23,20 +23,20 @@
 namespace cohort {
 
 class Comm;
-class GradSync;
+class GradReduction;
 class StepOptimizer;
 class Task;
 struct TrainState;
 
 // What a step works with; owned by the trainer, set field by field.
 struct StepParts {
-  StepParts(Task& task, Comm& comm, GradSync* grad_sync, StepOptimizer& optimizer, const LrSchedule& schedule)
-      : task(task), comm(comm), grad_sync(grad_sync), optimizer(optimizer), schedule(schedule) {}
+  StepParts(Task& task, Comm& comm, GradReduction& reduction, StepOptimizer& optimizer, const LrSchedule& schedule)
+      : task(task), comm(comm), reduction(reduction), optimizer(optimizer), schedule(schedule) {}
   Task& task;
   Comm& comm;
-  // Null for dist.sync = local: each rank steps on its own gradient, divided
-  // by its own unit counts (the ranks meet in LocalSync every few steps).
-  GradSync* grad_sync;
+  // Summed over the ranks (GradSync), or each rank's own (local steps: the
+  // ranks meet in the outer sync every few steps).
+  GradReduction& reduction;
   StepOptimizer& optimizer;  // whole, or this rank's range (dist.shard), which may hold only its range's gradients
   const LrSchedule& schedule;
   Precision precision = Precision::kFp32;  // resolved: fp32, bf16 or fp16

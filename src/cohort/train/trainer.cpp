@@ -3,100 +3,26 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <optional>
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/files.hpp"
 #include "cohort/core/format.hpp"
-#include "cohort/data/balance.hpp"
-#include "cohort/data/loader.hpp"
-#include "cohort/device/device_feed.hpp"
 #include "cohort/distributed/comm.hpp"
-#include "cohort/distributed/grad_sync.hpp"
-#include "cohort/train/replica_sync.hpp"
-#include "cohort/obs/reporter.hpp"
+#include "cohort/sync/grad_sync.hpp"
 #include "cohort/train/data_plan.hpp"
-#include "cohort/train/elastic.hpp"
 #include "cohort/train/evaluate.hpp"
-#include "cohort/train/keeper.hpp"
 #include "cohort/train/launch_shape.hpp"
 #include "cohort/train/model_init.hpp"
-#include "cohort/train/optim.hpp"
-#include "cohort/train/phase_timer.hpp"
 #include "cohort/train/precision.hpp"
 #include "cohort/train/reporting.hpp"
-#include "cohort/train/run_dir.hpp"
 #include "cohort/train/runtime.hpp"
-#include "cohort/train/step_optimizer.hpp"
 #include "cohort/train/startup.hpp"
 #include "cohort/train/stop.hpp"
-#include "cohort/train/task.hpp"
-#include "cohort/train/train_log.hpp"
-#include "cohort/train/train_state.hpp"
-#include "cohort/train/train_step.hpp"
+#include "cohort/train/trainer_parts.hpp"
 
 namespace cohort {
 
 namespace fs = std::filesystem;
-
-struct Trainer::Parts {
-  Parts(Config config, Comm& c, RunOptions options);
-
-  Config cfg;
-  Comm& comm;
-  World world;
-  RunOptions run;
-  Precision precision;
-  std::unique_ptr<Task> task;
-  std::shared_ptr<const Dataset> eval_data;
-  std::unique_ptr<GlobalOrder> order;
-  int64_t total_steps = 0;
-  std::unique_ptr<StepOptimizer> optimizer;  // whole, or this rank's range of the state (dist.shard)
-  std::unique_ptr<ReplicaSync> replicas;  // dist.sync: gradient sums every step, or local steps
-  LrSchedule schedule;
-  std::unique_ptr<Balancer> balancer;
-  std::unique_ptr<Loader> loader;
-  std::unique_ptr<SpeedBalance> speed_balance;  // data.balance = auto; made in begin()
-  std::unique_ptr<ComputeClock> compute_clock;  // data.balance = auto: times forward and backward
-  std::unique_ptr<DeviceFeed> feed;             // stages each step's batch on the device
-  std::unique_ptr<Keeper> keeper;               // checkpoints, the best one, early stopping
-  std::unique_ptr<TrainLog> log;                // progress and train lines
-  std::unique_ptr<RunDirLock> run_lock;  // rank 0's: RUN_DIR/.lock, released when the run ends cleanly
-  std::shared_ptr<Reporter> reporter;  // rank 0's; a silent one elsewhere
-  std::ofstream sample_log;            // log.sample-ids: this rank's ids per step
-  TrainState state;
-  Clock::time_point step_start = Clock::now();
-  int64_t world_start_step = 0;  // where this world began (data.balance measures each world afresh)
-  int64_t last_eval_step = -1;
-  std::string last_eval_text;  // "; test:  accuracy 0.8873  loss 0.3089"
-  RunSummary summary;
-  torch::Tensor rng_mark;       // this rank's generator at the last step boundary (elastic handover)
-  Cursor step_cursor;           // where the last step's global batch started (elastic handover)
-  std::optional<TrainReport> last_line;  // the last train line built, written or not (elastic handover)
-  bool joiners_agreed = false;  // elastic: the last stop check found newcomers waiting
-  std::optional<SyncMark> sync_mark;  // dist.sync = local: the last sync (elastic handover)
-  void mark_sync();
-
-  const Handover* held() const { return run.peers() ? run.peers()->held.get() : nullptr; }
-  std::shared_ptr<const Handover> handover() const;
-  void admit_joiners() const;
-  void open_outputs();
-  void begin();
-  StepParts step_parts() const;
-  StepBatch next_batch();
-  void finish_step(const StepBatch& batch, const StepResult& result);
-  void rebalance(const StepResult& result);
-  void log_train(int64_t epoch);
-  bool line_due() const { return due(cfg.log.every_steps) || state.step == total_steps; }
-  void save();
-  void run_eval();
-  bool eval_due(const StepBatch& batch) const;
-  bool stop_agreed();
-  bool early_stop();
-  RunSummary end();
-  bool due(int64_t every) const { return every > 0 && state.step % every == 0; }
-};
 
 Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
     : cfg(std::move(config)), comm(c), world(c.world()), run(std::move(options)) {
@@ -120,7 +46,7 @@ Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
   for (auto& note : plan.notes) run.notes.push_back(note);
   optimizer = make_step_optimizer(comm, cfg, *task->module());
   schedule = LrSchedule::from(cfg.optim, total_steps);
-  replicas = std::make_unique<ReplicaSync>(comm, *task->module(), *optimizer, cfg);
+  replicas = make_replica_sync(comm, *task->module(), *optimizer, cfg);
   if (const ResolvedCheckpoint* from = run.checkpoint()) {
     for (auto& note : restore_checkpoint(*from, *task, *optimizer, *replicas, state, world, cfg.data.path,
                                          order->usable())) {
@@ -146,51 +72,6 @@ Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
   agree_start_point(comm, {run.out_dir, run.config_toml, state.step, task->train_set().size(), total_steps,
                            balancer->shares()});
   open_outputs();
-}
-
-// Elastic: this process's state at the last completed step, and the step's
-// records; dist.sync = local: at the last sync.
-std::shared_ptr<const Handover> Trainer::Parts::handover() const {
-  log->settle();  // a diverged step is named in this world, not handed to the next
-  std::shared_ptr<Handover> h;
-  auto capture = [&] {
-    h = capture_handover(*task->module(), *optimizer, state, world.world_size, task->train_set().size());
-  };
-  if (sync_mark) {
-    replicas->with_synced(capture);
-    rewind_to_sync(*h, *sync_mark, state.step, replicas->outer_momentum());
-  } else {
-    capture();
-    h->rng = rng_mark.defined() ? rng_mark.clone() : cpu_rng_state();
-    h->step_cursor = step_cursor;
-    // The step's line: built already (its collectives may have failed, or
-    // rank 0 may have died before writing it), or due and not built yet (a
-    // collective before it failed: data.balance's measurement, say).
-    if (last_line && last_line->step == state.step) h->train_line = last_line;
-    else if (state.step > world_start_step && line_due()) h->train_line = log->line(state, step_cursor.epoch);
-    h->interval = log->interval().tally;
-    if (replicas->local()) {  // resumed mid-window, no sync since
-      h->outer_momentum = replicas->outer_momentum();
-      h->note = "local sync: no sync since this world began: the new world goes on from rank 0's parameters (the "
-                "other ranks' open windows are lost)";
-    }
-  }
-  h->first_step = log->start_step();
-  h->started = log->start();
-  return h;
-}
-
-// dist.sync = local: every rank holds the same parameters now.
-void Trainer::Parts::mark_sync() {
-  sync_mark = SyncMark{state.step, state.cursor, step_cursor, state.samples_seen,
-                       rng_mark.defined() ? rng_mark.clone() : cpu_rng_state(), log->interval().tally, std::nullopt};
-}
-
-// Elastic: newcomers that the last stop check found waiting are admitted
-// now, at the step boundary: this world ends and the next one includes them.
-void Trainer::Parts::admit_joiners() const {
-  if (!joiners_agreed || state.step >= total_steps) return;
-  throw MembershipChanged(strf("step %lld: node(s) asked to join", static_cast<long long>(state.step)));
 }
 
 // Only now, with config, model and data accepted on every rank, is the run
@@ -253,7 +134,7 @@ void Trainer::Parts::begin() {
 }
 
 StepParts Trainer::Parts::step_parts() const {
-  StepParts p(*task, comm, replicas->grad_sync(), *optimizer, schedule);
+  StepParts p(*task, comm, replicas->reduction(), *optimizer, schedule);
   p.precision = precision;
   p.device = world.device;
   p.clip_norm = cfg.optim.clip_norm;

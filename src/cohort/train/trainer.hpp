@@ -21,8 +21,10 @@ class Comm;
 // (train_step.hpp), speed balancing (data/balance.hpp), the run dir
 // (run_dir.hpp), the train state a checkpoint captures (train_state.hpp),
 // the best checkpoint and early stopping (best.hpp), evaluation
-// (evaluate.hpp), where reports go (reporting.hpp) and the elastic hand-over
-// (elastic.hpp). Trainer::run is the loop that strings them together.
+// (evaluate.hpp), where reports go (reporting.hpp), the optimizer stage
+// (step_optimizer.hpp), the outer stage and its gradient reduction
+// (replica_sync.hpp) and the elastic hand-over (handover.hpp). Trainer::run
+// is the loop that strings them together (trainer_parts.hpp holds them).
 class Trainer {
  public:
   Trainer(Config cfg, Comm& comm, RunOptions run);

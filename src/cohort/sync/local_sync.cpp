@@ -1,4 +1,4 @@
-#include "cohort/distributed/local_sync.hpp"
+#include "cohort/sync/local_sync.hpp"
 
 #include <torch/torch.h>
 

@@ -21,7 +21,8 @@
 
 #include "cohort/config/choice.hpp"
 #include "cohort/config/config.hpp"
-#include "cohort/distributed/powersgd.hpp"
+#include "cohort/sync/grad_reduction.hpp"
+#include "cohort/sync/powersgd.hpp"
 
 namespace cohort {
 
@@ -73,7 +74,7 @@ GradSyncOptions grad_sync_options(const DistOptions& dist, uint64_t seed);
 // A parameter that receives no gradient in a step is reduced as zeros when
 // finalize() launches the buckets still pending, so it cannot hang the job.
 //
-// PowerSGD (distributed/powersgd.hpp) needs two all-reduces in a row per
+// PowerSGD (sync/powersgd.hpp) needs two all-reduces in a row per
 // bucket with arithmetic between them, so a ready bucket is handed to one
 // worker thread that reduces the buckets strictly in order while backward
 // goes on; finalize() waits for it and rethrows its error.
@@ -99,26 +100,27 @@ GradSyncOptions grad_sync_options(const DistOptions& dist, uint64_t seed);
 // are not) and hands it to the sink, which keeps its range. Every
 // micro-batch is reduced this way, and backward waits while a bucket is in
 // flight, so no more than that one and the one filling are alive.
-class GradSync {
+class GradSync : public GradReduction {
  public:
   GradSync(Comm& comm, torch::nn::Module& module, GradSyncOptions opts = {});
-  ~GradSync();
+  ~GradSync() override;
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
 
+  bool sums_over_ranks() const override { return true; }
   // Before each micro-batch's backward. `sync` is true only for the last
   // micro-batch of an optimizer step: earlier ones accumulate locally and
   // issue no collective at all (the exact sum folds them into fp64, so
   // .grad holds only the micro-batches since: every step's prepare() calls
   // end with finalize(), which puts the whole sum back).
-  void prepare(bool sync);
+  void prepare(bool sync) override;
   // After the last backward: launches pending buckets, waits for all, and
   // writes the summed gradients back into every parameter's .grad.
-  void finalize();
+  void finalize() override;
 
   // dist.shard = gradients: every micro-batch's prepare() starts a round of
   // sums, so every rank must run as many rounds (empty ones included).
-  bool reduces_every_micro_batch() const { return opts_.sink != nullptr && comm_size_ > 1; }
+  bool reduces_every_micro_batch() const override { return opts_.sink != nullptr && comm_size_ > 1; }
   int64_t collectives_issued() const { return collectives_; }
   // Buckets already launched this step (by hooks, during backward).
   size_t launched() const { return next_launch_; }

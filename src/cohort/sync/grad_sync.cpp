@@ -1,4 +1,4 @@
-#include "cohort/distributed/grad_sync.hpp"
+#include "cohort/sync/grad_sync.hpp"
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>

@@ -1,4 +1,4 @@
-#include "cohort/distributed/shard_layout.hpp"
+#include "cohort/sync/shard_layout.hpp"
 
 #include <algorithm>
 #include <cmath>

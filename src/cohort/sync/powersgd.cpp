@@ -1,4 +1,4 @@
-#include "cohort/distributed/powersgd.hpp"
+#include "cohort/sync/powersgd.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
