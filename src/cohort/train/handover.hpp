@@ -25,7 +25,6 @@ namespace cohort {
 
 class Comm;
 class GlobalOrder;
-class Reporter;
 class RunDir;
 
 // Step 2: this process's model, optimizer and state at the last completed

@@ -48,7 +48,8 @@ void Keeper::save(Reporter& reporter) {
   on_main_then_agree(comm_, "checkpoint write", [&] {
     std::string dir;
     replicas_.with_synced([&] {
-      dir = checkpoints_.write(snapshot.state, module_tensors(*task_.module()), optimizer_.optimizer(), snapshot.rng, config_toml_);
+      dir = checkpoints_.write(snapshot.state, module_tensors(*task_.module()), optimizer_.optimizer(), snapshot.rng,
+                               config_toml_);
     });
     reporter.message(strf("ckpt  step %lld  %s  (%s)", static_cast<long long>(state_.step), dir.c_str(),
                           format_duration(seconds_since(t0)).c_str()));

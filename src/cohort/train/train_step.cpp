@@ -5,9 +5,9 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/distributed/comm.hpp"
-#include "cohort/sync/grad_reduction.hpp"
 #include "cohort/model/dropout.hpp"
 #include "cohort/obs/reporter.hpp"
+#include "cohort/sync/grad_reduction.hpp"
 #include "cohort/train/precision.hpp"
 #include "cohort/train/step_optimizer.hpp"
 #include "cohort/train/task.hpp"
