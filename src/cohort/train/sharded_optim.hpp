@@ -25,7 +25,7 @@
 #include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/ckpt/safetensors.hpp"
 #include "cohort/config/config.hpp"
-#include "cohort/sync/grad_sync.hpp"
+#include "cohort/sync/bucket_reducer.hpp"
 #include "cohort/sync/shard_layout.hpp"
 #include "cohort/train/precision.hpp"
 #include "cohort/train/step_optimizer.hpp"
