@@ -29,8 +29,8 @@
 #include "cohort/data/bert_shards.hpp"
 #include "cohort/model/bert.hpp"
 #include "cohort/model/dropout.hpp"
-#include "cohort/train/optim.hpp"
-#include "cohort/train/precision.hpp"
+#include "cohort/train/optimization/optim.hpp"
+#include "cohort/train/optimization/precision.hpp"
 #include "interleave.hpp"
 
 namespace {

@@ -2,11 +2,12 @@
 # Two cohort builds side by side, interleaved, on the same runs; prints each
 # run's median throughput (metrics.jsonl tokens_per_s: images/s or tokens/s,
 # the first log interval left out) and the ratio B/A.
-#   bench/compare_builds.sh A/cohort B/cohort [ROUNDS]
+#   bench/compare_builds.sh A/cohort B/cohort [ROUNDS] [RUNS]
+# RUNS: an extended regex of the run names to measure (default all).
 # e.g. A = a worktree of the previous commit, to check that a change costs
 # nothing. BERT runs need data/gcide (cohort prepare, see the README).
 set -euo pipefail
-a=$1 b=$2 rounds=${3:-3}
+a=$1 b=$2 rounds=${3:-3} only=${4:-.}
 src=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -23,6 +24,7 @@ rate() {  # bin run-dir args...
 }
 median() { tr ' ' '\n' | sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
 for run in "${!RUNS[@]}"; do
+  [[ $run =~ $only ]] || continue
   [[ $run == bert* && ! -d $src/data/gcide ]] && { echo "$run: SKIPPED (no data/gcide)"; continue; }
   ra="" rb=""
   for ((i = 0; i < rounds; i++)); do

@@ -14,7 +14,7 @@
 #include "bert_options.hpp"
 #include "cohort/config/config.hpp"
 #include "cohort/model/bert.hpp"
-#include "cohort/train/optim.hpp"
+#include "cohort/train/optimization/optim.hpp"
 #include "interleave.hpp"
 
 int main(int argc, char** argv) {

@@ -11,10 +11,10 @@
 #include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/ckpt/safetensors.hpp"
 #include "cohort/config/config.hpp"
-#include "cohort/model/bert.hpp"
 #include "cohort/core/error.hpp"
-#include "cohort/train/optim.hpp"
-#include "cohort/train/precision.hpp"
+#include "cohort/model/bert.hpp"
+#include "cohort/train/optimization/optim.hpp"
+#include "cohort/train/optimization/precision.hpp"
 #include "helpers.hpp"
 
 namespace cohort {

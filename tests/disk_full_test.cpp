@@ -13,7 +13,7 @@
 
 #include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/core/error.hpp"
-#include "cohort/train/run_dir.hpp"
+#include "cohort/train/lifecycle/run_dir.hpp"
 #include "helpers.hpp"
 
 using cohort::test::read_file;

@@ -14,8 +14,8 @@
 #include "cohort/device/device_feed.hpp"
 #include "cohort/device/host_read.hpp"
 #include "cohort/distributed/comm.hpp"
-#include "cohort/train/precision.hpp"
-#include "cohort/train/trainer.hpp"
+#include "cohort/train/loop/trainer.hpp"
+#include "cohort/train/optimization/precision.hpp"
 #include "helpers.hpp"
 
 using namespace cohort;

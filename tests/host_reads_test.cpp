@@ -17,7 +17,7 @@
 #include "cohort/device/device_tally.hpp"
 #include "cohort/device/host_read.hpp"
 #include "cohort/distributed/comm.hpp"
-#include "cohort/train/trainer.hpp"
+#include "cohort/train/loop/trainer.hpp"
 #include "helpers.hpp"
 #include "thread_world.hpp"
 

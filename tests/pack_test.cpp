@@ -10,7 +10,7 @@
 #include "cohort/data/bert_shards.hpp"
 #include "cohort/model/bert.hpp"
 #include "cohort/model/dropout.hpp"
-#include "cohort/train/precision.hpp"
+#include "cohort/train/optimization/precision.hpp"
 #include "helpers.hpp"
 
 using cohort::test::read_file;

@@ -18,7 +18,7 @@
 #include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/sha256.hpp"
-#include "cohort/train/run_dir.hpp"
+#include "cohort/train/lifecycle/run_dir.hpp"
 #include "helpers.hpp"
 
 using namespace std::chrono_literals;

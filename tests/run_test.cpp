@@ -12,10 +12,10 @@
 #include "cohort/core/sha256.hpp"
 #include "cohort/distributed/comm.hpp"
 #include "cohort/obs/reporter.hpp"
-#include "cohort/train/phase_timer.hpp"
-#include "cohort/train/run_dir.hpp"
+#include "cohort/train/lifecycle/run_dir.hpp"
+#include "cohort/train/loop/phase_timer.hpp"
+#include "cohort/train/loop/trainer.hpp"
 #include "cohort/train/task.hpp"
-#include "cohort/train/trainer.hpp"
 #include "helpers.hpp"
 
 using namespace cohort;

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "cohort/config/config.hpp"
-#include "cohort/train/optim.hpp"
+#include "cohort/train/optimization/optim.hpp"
 
 using namespace cohort;
 

@@ -37,6 +37,16 @@ std::string shard_args(const TempDir& tmp, const std::string& extra, int micro_b
          " --data.path " + tmp.path() + " " + extra;
 }
 
+// `sharded`'s run against `ref`'s: the same 60 losses within 1e-6
+// relative, and the same model at the end.
+void expect_same_run(const TempDir& tmp, const std::string& ref, const std::string& sharded) {
+  auto a = cohort::test::train_losses(tmp / ref), b = cohort::test::train_losses(tmp / sharded);
+  ASSERT_EQ(a.size(), 60u);
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-6 * std::abs(a[i])) << sharded << " step " << i + 1;
+  EXPECT_LT(max_difference(tmp / (sharded + "/checkpoints/step-60"), tmp / (ref + "/checkpoints/step-60")), 1e-5);
+}
+
 }  // namespace
 
 TEST(ShardLayout, RangesFollowTheWeights) {
@@ -102,13 +112,7 @@ TEST_P(ShardMath, SameLossPerStepAsUnsharded) {
   }
   for (const auto& [ref, sharded] : std::vector<std::pair<std::string, std::string>>{
            {"none2", "opt2"}, {"none2", "grad2"}, {"none3", "grad3"}}) {
-    auto a = cohort::test::train_losses(tmp / ref), b = cohort::test::train_losses(tmp / sharded);
-    ASSERT_EQ(a.size(), 60u);
-    ASSERT_EQ(b.size(), a.size());
-    for (size_t i = 0; i < a.size(); ++i) {
-      EXPECT_NEAR(b[i], a[i], 1e-6 * std::abs(a[i])) << sharded << " step " << i + 1;
-    }
-    EXPECT_LT(max_difference(tmp / (sharded + "/checkpoints/step-60"), tmp / (ref + "/checkpoints/step-60")), 1e-5);
+    expect_same_run(tmp, ref, sharded);
   }
   // The world size changes nothing either (per-sample averaging).
   auto two = cohort::test::train_losses(tmp / "grad2"), three = cohort::test::train_losses(tmp / "grad3");
@@ -197,13 +201,7 @@ TEST(Shard, ComposesWithPowerSgdAndHalfWires) {
   }
   for (const auto& [ref, sharded] : std::vector<std::pair<std::string, std::string>>{{"psgd", "psgd_opt"},
                                                                                      {"bf16", "bf16_grad"}}) {
-    auto a = cohort::test::train_losses(tmp / ref), b = cohort::test::train_losses(tmp / sharded);
-    ASSERT_EQ(a.size(), 60u);
-    ASSERT_EQ(b.size(), a.size());
-    for (size_t i = 0; i < a.size(); ++i) {
-      EXPECT_NEAR(b[i], a[i], 1e-6 * std::abs(a[i])) << sharded << " step " << i + 1;
-    }
-    EXPECT_LT(max_difference(tmp / (sharded + "/checkpoints/step-60"), tmp / (ref + "/checkpoints/step-60")), 1e-5);
+    expect_same_run(tmp, ref, sharded);
   }
   // bf16 rounding of each micro-batch's sum differs from one sum of the
   // step, but not by much: it trains as the exact run does.

@@ -3,7 +3,7 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/distributed/comm.hpp"
-#include "cohort/train/trainer.hpp"
+#include "cohort/train/loop/trainer.hpp"
 #include "helpers.hpp"
 
 using namespace cohort;

@@ -21,8 +21,8 @@
 #include "cohort/core/error.hpp"
 #include "cohort/core/version.hpp"
 #include "cohort/distributed/world.hpp"
-#include "cohort/train/runtime.hpp"
-#include "cohort/train/stop.hpp"
+#include "cohort/train/lifecycle/runtime.hpp"
+#include "cohort/train/lifecycle/stop.hpp"
 #include "commands/command.hpp"
 
 namespace cohort {

@@ -15,9 +15,9 @@
 
 #include "cohort/config/config.hpp"
 #include "cohort/distributed/comm.hpp"
-#include "cohort/launch/launcher.hpp"
 #include "cohort/distributed/rendezvous.hpp"
-#include "cohort/train/launch_shape.hpp"
+#include "cohort/launch/launcher.hpp"
+#include "cohort/train/lifecycle/launch_shape.hpp"
 
 namespace cohort::cli {
 

@@ -4,7 +4,7 @@
 #include <charconv>
 
 #include "cohort/core/error.hpp"
-#include "cohort/train/runtime.hpp"
+#include "cohort/train/lifecycle/runtime.hpp"
 #include "commands/command.hpp"
 
 namespace cohort::cli {

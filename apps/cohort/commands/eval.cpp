@@ -1,4 +1,4 @@
-#include "cohort/train/evaluate.hpp"
+#include "cohort/train/loop/evaluate.hpp"
 #include "commands/evaluation.hpp"
 
 namespace cohort::cli {

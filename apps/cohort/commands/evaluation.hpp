@@ -11,7 +11,7 @@
 #include <string>
 
 #include "cohort/cli.hpp"
-#include "cohort/train/run.hpp"
+#include "cohort/train/lifecycle/run.hpp"
 #include "commands/command.hpp"
 
 namespace cohort::cli {

@@ -5,7 +5,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/data/order.hpp"
 #include "cohort/obs/plot.hpp"
-#include "cohort/train/optim.hpp"
+#include "cohort/train/optimization/optim.hpp"
 #include "commands/command.hpp"
 
 namespace cohort::cli {

@@ -1,6 +1,6 @@
 #include <map>
 
-#include "cohort/train/evaluate.hpp"
+#include "cohort/train/loop/evaluate.hpp"
 #include "commands/evaluation.hpp"
 
 namespace cohort::cli {

@@ -10,12 +10,12 @@
 #include "cohort/cli.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/distributed/membership.hpp"
-#include "cohort/train/elastic.hpp"
-#include "cohort/train/run.hpp"
-#include "cohort/train/run_dir.hpp"
-#include "cohort/train/startup.hpp"
-#include "cohort/train/stop.hpp"
-#include "cohort/train/trainer.hpp"
+#include "cohort/train/elastic/elastic.hpp"
+#include "cohort/train/lifecycle/run.hpp"
+#include "cohort/train/lifecycle/run_dir.hpp"
+#include "cohort/train/lifecycle/startup.hpp"
+#include "cohort/train/lifecycle/stop.hpp"
+#include "cohort/train/loop/trainer.hpp"
 #include "commands/command.hpp"
 
 namespace cohort::cli {
@@ -132,7 +132,7 @@ class Train : public Command {
     // bar's escape codes.
     const bool under_mpirun = env.count("OMPI_COMM_WORLD_SIZE") || env.count("PMI_RANK") || env.count("PMIX_RANK");
     run.live_progress = cfg_.log.progress_bar && !under_mpirun && isatty(fileno(stdout)) != 0;
-    // A resume launches the run's recorded shape (train/launch_shape.hpp)
+    // A resume launches the run's recorded shape (train/lifecycle/launch_shape.hpp)
     // unless flags name another; an elastic job's shape is its membership's.
     std::optional<LaunchShape> shape;
     if (const ResolvedCheckpoint* from = run.checkpoint();

@@ -14,9 +14,9 @@
 #include "cohort/build_info.hpp"
 #include "cohort/ckpt/checkpoint.hpp"
 #include "cohort/config/config.hpp"
-#include "cohort/data/manifest.hpp"
-#include "cohort/train/precision.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/data/manifest.hpp"
+#include "cohort/train/optimization/precision.hpp"
 
 namespace cohort {
 

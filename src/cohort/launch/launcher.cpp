@@ -17,7 +17,7 @@
 #include "cohort/distributed/membership.hpp"
 #include "cohort/distributed/rendezvous.hpp"
 #include "cohort/distributed/store.hpp"
-#include "cohort/train/run_dir.hpp"
+#include "cohort/train/lifecycle/run_dir.hpp"
 
 // launch_node runs in three stages, each with one job:
 //   planning     plan_node     what this node starts: its ranks, where its workers meet
@@ -249,7 +249,7 @@ void announce(const LaunchOptions& o, const Plan& plan) {
 }
 
 // The job's id, the same for every worker on every node and in every
-// restart (RUN_DIR/.lock belongs to the job, train/run_dir.hpp): one given
+// restart (RUN_DIR/.lock belongs to the job, train/lifecycle/run_dir.hpp): one given
 // in COHORT_JOB_ID, else the first launcher to reach the store sets it.
 std::string agree_job_id(c10d::Store* store, const Env& env) {
   auto given = env.find("COHORT_JOB_ID");

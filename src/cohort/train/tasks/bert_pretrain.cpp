@@ -19,11 +19,11 @@
 
 #include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/core/files.hpp"
 #include "cohort/data/bert_shards.hpp"
 #include "cohort/data/manifest.hpp"
 #include "cohort/data/masking.hpp"
 #include "cohort/distributed/world.hpp"
-#include "cohort/core/files.hpp"
 #include "cohort/model/bert.hpp"
 #include "cohort/text/hf_tokenizer.hpp"
 #include "cohort/text/wordpiece.hpp"

@@ -1,0 +1,96 @@
+// defines: TrainState, Handover, encode_handover, decode_handover, cpu_rng_state, set_cpu_rng_state
+//
+// What a checkpoint must hold beyond weights and optimizer for a resumed run
+// to go on as if never stopped: the step, the data cursor, the sample count,
+// the fp16 loss scale and every rank's RNG stream (dropout masks).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "cohort/ckpt/checkpoint.hpp"
+#include "cohort/data/order.hpp"
+#include "cohort/device/device_tally.hpp"
+#include "cohort/eval/tally.hpp"
+#include "cohort/obs/reporter.hpp"
+#include "cohort/train/optimization/precision.hpp"
+#include "cohort/train/optimization/replica_sync.hpp"
+
+namespace cohort {
+
+class Comm;
+struct World;
+
+struct TrainState {
+  int64_t step = 0;          // optimizer steps taken
+  Cursor cursor;             // where the next global batch starts
+  int64_t samples_seen = 0;  // all ranks
+  LossScaler scaler{false};
+  std::vector<int64_t> balance_shares;  // the split of a full global batch
+
+  // The checkpoint's record and its rng.safetensors tensors (every rank's
+  // generator, the loss scale, and `sync`: its shared tensors as
+  // "sync.NAME", each rank's own as "rank.R.sync.NAME", flattened).
+  // Collective: every rank calls it; the tensors are complete on rank 0.
+  struct Snapshot {
+    CheckpointState state;
+    NamedTensors rng;
+  };
+  Snapshot capture(Comm& comm, int64_t train_samples, const SyncState& sync = {}) const;
+
+  // From a verified checkpoint: step, cursor, samples and loss scale, and
+  // this rank's RNG stream when the world size is unchanged (at another
+  // world size ranks keep their seed-derived streams).
+  void restore(const ResolvedCheckpoint& from, const World& world);
+};
+
+// A checkpoint's SyncState (TrainState::capture): the shared tensors, and
+// every writing rank's own by rank (flattened; empty lists when none).
+struct SavedSync {
+  NamedTensors shared;
+  std::vector<NamedTensors> by_rank;
+};
+SavedSync read_sync_state(const ResolvedCheckpoint& from);
+
+// An elastic world's state handed from one world to the next in memory
+// (train/elastic/elastic.hpp): what a checkpoint would hold, taken from the live
+// trainer of one process at the last completed step, without collectives.
+struct Handover {
+  CheckpointState state;
+  NamedTensors model;     // parameters and buffers, cloned
+  std::string optimizer;  // the optimizer's libtorch archive
+  torch::Tensor scaler;   // the fp16 loss scaler's state; undefined when off
+  // dist.sync = local: the outer Nesterov buffer, and the state above is
+  // that of the last sync (the model its parameters): the new world trains
+  // the steps since again. Undefined otherwise.
+  torch::Tensor outer_momentum;
+  // dist.shard: this process's range of the optimizer moments at the step
+  // held (ShardedOptimizer::range_state); empty when it holds none, or when
+  // the world ended while a step's update was half shared.
+  NamedTensors shard;
+  std::string note;  // what the next world logs about this handover; "" when nothing
+  torch::Tensor rng;      // this process's CPU generator at the last step boundary
+  // The record of the last step, so that the next world logs it when the
+  // world that took it could not (a member lost after its update).
+  Cursor step_cursor;                    // where the last step's global batch started; consumed -1: unknown
+  std::optional<TrainReport> train_line;  // the last step's train line, when one was due
+  DeviceTally interval;                  // the open log interval's metrics, summed over ranks
+  // Where this process's first world began: the run's summary counts every world.
+  int64_t first_step = 0;
+  std::chrono::steady_clock::time_point started;
+};
+
+// What a new world's rank 0 sends the others of a Handover, as one blob:
+// the step, cursor, samples and world size, the optimizer's archive, the
+// loss scale and the outer momentum (the weights go by a module broadcast). decode_handover fills
+// those fields of a Handover and leaves the rest empty.
+std::string encode_handover(const Handover& h);
+Handover decode_handover(const std::string& blob);
+
+// The default CPU generator's state, and setting it.
+torch::Tensor cpu_rng_state();
+void set_cpu_rng_state(const torch::Tensor& state);
+
+}  // namespace cohort
