@@ -94,7 +94,8 @@ void LocalSync::with_synced(const std::function<void()>& fn) {
   stash_ = torch::Tensor();
 }
 
-void LocalSync::restart(const torch::Tensor& momentum) {
+void LocalSync::restart(const NamedTensors& shared) {
+  const torch::Tensor momentum = find(shared, kMomentum);
   anchor_ = flat_params();
   momentum_ = torch::zeros_like(anchor_);
   if (momentum.defined()) {

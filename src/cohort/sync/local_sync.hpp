@@ -67,14 +67,13 @@ class LocalSync {
   std::string load_state(const NamedTensors& shared, const std::vector<NamedTensors>& by_rank, int rank);
 
   // A new elastic world whose parameters (the last sync's) are in the
-  // module: they become the synced ones, with `momentum` (zeros when
-  // undefined), and an empty window.
-  void restart(const torch::Tensor& momentum);
+  // module: they become the synced ones, with the outer momentum among
+  // `shared` (as shared_state() names it; zeros when absent), and an empty
+  // window.
+  void restart(const NamedTensors& shared);
   // This rank trained samples since the last sync.
   bool window_open() const { return window_samples_ > 0; }
 
-  // The outer Nesterov buffer, flat (the elastic handover carries it).
-  const torch::Tensor& momentum() const { return momentum_; }
   int64_t syncs() const { return syncs_; }
   // Floats put on the wire per sync.
   int64_t wire_floats() const { return anchor_.numel(); }

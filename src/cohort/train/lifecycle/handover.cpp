@@ -19,7 +19,8 @@
 namespace cohort {
 
 std::shared_ptr<Handover> capture_handover(torch::nn::Module& module, StepOptimizer& optimizer,
-                                           const TrainState& state, int world_size, int64_t train_samples) {
+                                           const TrainState& state, const std::vector<const StatePart*>& parts,
+                                           int world_size, int64_t train_samples) {
   auto h = std::make_shared<Handover>();
   h->state.step = state.step;
   h->state.cursor = state.cursor;
@@ -33,12 +34,17 @@ std::shared_ptr<Handover> capture_handover(torch::nn::Module& module, StepOptimi
   torch::save(optimizer.optimizer(), os);
   h->optimizer = os.str();
   h->shard = optimizer.held_ranges();
-  if (state.scaler.enabled()) h->scaler = state.scaler.state().clone();
+  for (const StatePart* part : parts) {
+    PartState& kept = h->parts[part->state_name()];
+    PartState now = part->capture();
+    for (const auto& [name, t] : now.shared) kept.shared.emplace_back(name, t.detach().clone());
+    for (const auto& [name, t] : now.own) kept.own.emplace_back(name, t.detach().clone());
+  }
   return h;
 }
 
 bool adopt_handover(Comm& comm, const Handover* held, torch::nn::Module& module, StepOptimizer& optimizer,
-                    ReplicaSync& replicas, TrainState& state, std::vector<std::string>& notes) {
+                    const std::vector<StatePart*>& parts, TrainState& state, std::vector<std::string>& notes) {
   const bool main_holds = comm.world().is_main() && held;
   if (comm.all_reduce_sum(std::vector<double>{main_holds ? 1.0 : 0.0}, "state handover")[0] == 0) return false;
   torch::NoGradGuard no_grad;
@@ -58,9 +64,18 @@ bool adopt_handover(Comm& comm, const Handover* held, torch::nn::Module& module,
   Handover got = decode_handover(blob);
   std::istringstream opt_in(got.optimizer);
   torch::load(optimizer.optimizer(), opt_in, comm.world().device);  // saved where rank 0's parameters were
-  if (got.scaler.defined()) state.scaler.restore(got.scaler);
-  for (const std::string& note : {optimizer.adopt_ranges(comm, held, got.state.step),
-                                  replicas.start_new_world(got.outer_momentum), held ? held->note : std::string()}) {
+  std::vector<std::string> said = {optimizer.adopt_ranges(comm, held, got.state.step)};
+  const bool same_step = held && held->state.step == got.state.step;  // this process held the state handed on
+  for (StatePart* part : parts) {
+    PartState handed;
+    if (auto it = got.parts.find(part->state_name()); it != got.parts.end()) handed.shared = it->second.shared;
+    if (same_step) {
+      if (auto it = held->parts.find(part->state_name()); it != held->parts.end()) handed.own = it->second.own;
+    }
+    said.push_back(part->adopt(handed));
+  }
+  if (held) said.push_back(held->note);
+  for (const std::string& note : said) {
     if (!note.empty()) notes.push_back(note);
   }
   state.step = got.state.step;
@@ -72,7 +87,7 @@ bool adopt_handover(Comm& comm, const Handover* held, torch::nn::Module& module,
   return true;
 }
 
-void rewind_to_sync(Handover& h, const SyncMark& mark, int64_t reached, const torch::Tensor& outer_momentum) {
+void rewind_to_sync(Handover& h, const SyncMark& mark, int64_t reached) {
   h.state.step = mark.step;
   h.state.cursor = mark.cursor;
   h.state.samples_seen = mark.samples_seen;
@@ -80,7 +95,6 @@ void rewind_to_sync(Handover& h, const SyncMark& mark, int64_t reached, const to
   h.step_cursor = mark.step_cursor;
   h.train_line = mark.line;
   h.interval = mark.interval;
-  h.outer_momentum = outer_momentum;
   if (reached == mark.step) return;
   h.note = strf("local sync: the world changed at step %lld; going on from the last sync, step %lld (steps "
                 "%lld..%lld are trained again, with rank 0's inner optimizer state)",

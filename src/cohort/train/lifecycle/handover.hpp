@@ -18,7 +18,6 @@
 #include "cohort/device/device_tally.hpp"
 #include "cohort/obs/reporter.hpp"
 #include "cohort/train/lifecycle/train_state.hpp"
-#include "cohort/train/optimization/replica_sync.hpp"
 #include "cohort/train/optimization/step_optimizer.hpp"
 
 namespace cohort {
@@ -27,24 +26,25 @@ class Comm;
 class GlobalOrder;
 class RunDir;
 
-// Step 2: this process's model, optimizer and state at the last completed
-// step, cloned, without collectives. The trainer adds the step's records
-// (RNG, cursor, train line, open interval).
+// Step 2: this process's model, optimizer, state and state parts at the
+// last completed step, cloned, without collectives. The trainer adds the
+// step's records (RNG, cursor, train line, open interval).
 std::shared_ptr<Handover> capture_handover(torch::nn::Module& module, StepOptimizer& optimizer,
-                                           const TrainState& state, int world_size, int64_t train_samples);
+                                           const TrainState& state, const std::vector<const StatePart*>& parts,
+                                           int world_size, int64_t train_samples);
 
 // Step 4, collective: when the new world's rank 0 holds a Handover, every
-// rank takes its parameters, optimizer, step, cursor, samples and loss scale
-// by broadcast; returns false (nothing changed) when it holds none. Every
-// survivor keeps its own RNG stream, newcomers their seed-derived ones, and
-// data.balance = auto measures the new world afresh (the old split was per
-// rank of the old world: the shares are cleared). `replicas` starts the new
-// world (PowerSGD afresh; local sync from the handed-over outer momentum);
-// what the log should say is appended to `notes`. dist.shard: every rank
-// takes its new range of the moments from the survivors that hold them;
-// ShardsLost when a range has no holder left.
+// rank takes its parameters, optimizer, step, cursor and samples by
+// broadcast, and each state part adopts rank 0's shared tensors (and this
+// process's own, when it held the same step); returns false (nothing
+// changed) when rank 0 holds none. Every survivor keeps its own RNG stream,
+// newcomers their seed-derived ones, and data.balance = auto measures the
+// new world afresh (the old split was per rank of the old world: the shares
+// are cleared). What the log should say is appended to `notes`. dist.shard:
+// every rank takes its new range of the moments from the survivors that
+// hold them; ShardsLost when a range has no holder left.
 bool adopt_handover(Comm& comm, const Handover* held, torch::nn::Module& module, StepOptimizer& optimizer,
-                    ReplicaSync& replicas, TrainState& state, std::vector<std::string>& notes);
+                    const std::vector<StatePart*>& parts, TrainState& state, std::vector<std::string>& notes);
 
 // dist.sync = local: the state at the last sync, the same on every rank,
 // which a new world goes on from (the ranks' open windows are lost with a
@@ -60,9 +60,9 @@ struct SyncMark {
 };
 
 // Turns `h`, captured with the last sync's model in the module, into the
-// handover of `mark`, with the outer momentum; `reached` is the step the
-// world had reached (the note says which steps are trained again).
-void rewind_to_sync(Handover& h, const SyncMark& mark, int64_t reached, const torch::Tensor& outer_momentum);
+// handover of `mark`; `reached` is the step the world had reached (the
+// note says which steps are trained again).
+void rewind_to_sync(Handover& h, const SyncMark& mark, int64_t reached);
 
 // Rank 0 of a world that goes on from memory (log.sample-ids): the step
 // held was applied by every member of the last world, but a member lost

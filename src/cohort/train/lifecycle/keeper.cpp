@@ -8,17 +8,20 @@
 #include "cohort/train/lifecycle/run_dir.hpp"
 #include "cohort/train/lifecycle/startup.hpp"
 #include "cohort/train/lifecycle/train_state.hpp"
+#include "cohort/train/optimization/replica_sync.hpp"
 #include "cohort/train/optimization/step_optimizer.hpp"
 #include "cohort/train/task.hpp"
 
 namespace cohort {
 
-Keeper::Keeper(Comm& comm, Task& task, StepOptimizer& optimizer, ReplicaSync& replicas, TrainState& state,
+Keeper::Keeper(Comm& comm, Task& task, StepOptimizer& optimizer, ReplicaSync& replicas,
+               std::vector<const StatePart*> parts, TrainState& state,
                const std::string& out_dir, int keep, std::string config_toml, BestMetric best)
     : comm_(comm),
       task_(task),
       optimizer_(optimizer),
       replicas_(replicas),
+      parts_(std::move(parts)),
       state_(state),
       out_dir_(out_dir),
       config_toml_(std::move(config_toml)),
@@ -41,7 +44,7 @@ void Keeper::save(Reporter& reporter) {
   if (last_step_ == state_.step) return;  // already written this step (ckpt.best-metric)
   last_step_ = state_.step;
   auto t0 = Clock::now();
-  TrainState::Snapshot snapshot = state_.capture(comm_, task_.train_set().size(), replicas_.state());
+  TrainState::Snapshot snapshot = state_.capture(comm_, task_.train_set().size(), parts_);
   optimizer_.write_ranges(comm_, checkpoints_, state_.step, snapshot.state);  // dist.shard: each range's file
   // Every rank fails with rank 0's write error (a full disk: exit 1, the
   // file named), instead of waiting in a barrier for a rank that is gone.

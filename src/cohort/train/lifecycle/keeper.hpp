@@ -21,6 +21,7 @@ class Comm;
 class ReplicaSync;
 class Reporter;
 class RunDir;
+class StatePart;
 class StepOptimizer;
 class Task;
 struct TrainState;
@@ -29,8 +30,9 @@ class Keeper {
  public:
   // `best`: ckpt.best-metric and its patience, checked already. The
   // checkpoint's model is the one `replicas` says every rank agrees on;
-  // its sync state goes beside the RNG streams.
-  Keeper(Comm& comm, Task& task, StepOptimizer& optimizer, ReplicaSync& replicas, TrainState& state,
+  // the state `parts`' tensors go beside the RNG streams.
+  Keeper(Comm& comm, Task& task, StepOptimizer& optimizer, ReplicaSync& replicas,
+         std::vector<const StatePart*> parts, TrainState& state,
          const std::string& out_dir, int keep, std::string config_toml, BestMetric best);
 
   // A continued run's best so far and the evaluations since: read by rank 0
@@ -52,6 +54,7 @@ class Keeper {
   Task& task_;
   StepOptimizer& optimizer_;
   ReplicaSync& replicas_;
+  std::vector<const StatePart*> parts_;
   TrainState& state_;
   std::string out_dir_;
   std::string config_toml_;

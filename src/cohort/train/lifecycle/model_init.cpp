@@ -9,7 +9,6 @@
 #include "cohort/core/format.hpp"
 #include "cohort/distributed/world.hpp"
 #include "cohort/train/lifecycle/train_state.hpp"
-#include "cohort/train/optimization/replica_sync.hpp"
 #include "cohort/train/optimization/step_optimizer.hpp"
 #include "cohort/train/task.hpp"
 
@@ -43,12 +42,12 @@ std::vector<std::string> load_init_weights(Task& task, const std::string& init) 
 }
 
 std::vector<std::string> restore_checkpoint(const ResolvedCheckpoint& from, Task& task, StepOptimizer& optimizer,
-                                            ReplicaSync& replicas, TrainState& state, const World& world,
-                                            const std::string& data_path, int64_t usable) {
+                                            const std::vector<StatePart*>& parts, TrainState& state,
+                                            const World& world, const std::string& data_path, int64_t usable) {
   namespace fs = std::filesystem;
   load_model_weights(*task.module(), from.file("model.safetensors"));
   std::string reshard = optimizer.restore(from);
-  state.restore(from, world);
+  std::vector<std::string> parts_said = state.restore(from, world, parts);
   // data.path may change on resume (the data moved); the data may not.
   COHORT_CHECK(from.state.train_samples < 0 || from.state.train_samples == task.train_set().size(), DataError,
                from.dir, " was trained on ", from.state.train_samples, " samples but ", data_path, " holds ",
@@ -60,8 +59,7 @@ std::vector<std::string> restore_checkpoint(const ResolvedCheckpoint& from, Task
            from.dir.c_str(), static_cast<long long>(state.step), static_cast<long long>(state.cursor.epoch),
            static_cast<long long>(state.cursor.consumed), from.state.world_size, world.world_size)};
   if (!reshard.empty()) notes.push_back(reshard);
-  SavedSync saved = read_sync_state(from);
-  for (auto& note : replicas.restore(saved.shared, saved.by_rank)) notes.push_back(note);
+  for (auto& note : parts_said) notes.push_back(std::move(note));
   return notes;
 }
 

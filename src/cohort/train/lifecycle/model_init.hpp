@@ -9,7 +9,7 @@
 
 namespace cohort {
 
-class ReplicaSync;
+class StatePart;
 class StepOptimizer;
 class Task;
 struct ResolvedCheckpoint;
@@ -24,12 +24,13 @@ struct World;
 std::vector<std::string> load_init_weights(Task& task, const std::string& init);
 
 // A verified checkpoint's weights into the task's model, its optimizer state
-// into `optimizer`, its train state into `state` and its sync state
-// (PowerSGD's, local sync's) into `replicas`. DataError when the data are
-// not the checkpoint's: another sample count in `data_path`, or a cursor
-// beyond the epoch's `usable` samples. Returns the log's notes.
+// into `optimizer`, its train state into `state` and every state part's
+// tensors into its part (the loss scaler, the outer stage's PowerSGD or
+// local sync state). DataError when the data are not the checkpoint's:
+// another sample count in `data_path`, or a cursor beyond the epoch's
+// `usable` samples. Returns the log's notes.
 std::vector<std::string> restore_checkpoint(const ResolvedCheckpoint& from, Task& task, StepOptimizer& optimizer,
-                                            ReplicaSync& replicas, TrainState& state, const World& world,
-                                            const std::string& data_path, int64_t usable);
+                                            const std::vector<StatePart*>& parts, TrainState& state,
+                                            const World& world, const std::string& data_path, int64_t usable);
 
 }  // namespace cohort

@@ -7,6 +7,7 @@
 #include <torch/serialize.h>
 
 #include "cohort/core/error.hpp"
+#include "cohort/core/format.hpp"
 #include "cohort/distributed/comm.hpp"
 
 namespace cohort {
@@ -23,7 +24,8 @@ void set_cpu_rng_state(const torch::Tensor& state) {
   gen.set_state(state.to(torch::kUInt8));
 }
 
-TrainState::Snapshot TrainState::capture(Comm& comm, int64_t train_samples, const SyncState& sync) const {
+TrainState::Snapshot TrainState::capture(Comm& comm, int64_t train_samples,
+                                         const std::vector<const StatePart*>& parts) const {
   torch::Tensor mine = cpu_rng_state().to(torch::kInt64);
   auto states = comm.all_gather(mine, "checkpoint RNG gather");
   Snapshot s;
@@ -34,47 +36,54 @@ TrainState::Snapshot TrainState::capture(Comm& comm, int64_t train_samples, cons
   s.state.train_samples = train_samples;
   s.state.balance_shares = balance_shares;
   for (size_t r = 0; r < states.size(); ++r) s.rng.emplace_back("rank." + std::to_string(r), states[r].to(torch::kUInt8));
-  if (scaler.enabled()) s.rng.emplace_back("loss_scaler", scaler.state());
-  for (const auto& [name, t] : sync.shared) s.rng.emplace_back("sync." + name, t.contiguous());
-  for (const auto& [name, t] : sync.own) {
-    auto all = comm.all_gather(t.reshape({-1}).contiguous(), "checkpoint sync-state gather");
-    for (size_t r = 0; r < all.size(); ++r) s.rng.emplace_back("rank." + std::to_string(r) + ".sync." + name, all[r]);
+  for (const StatePart* part : parts) {
+    const std::string name = part->state_name();
+    PartState p = part->capture();
+    for (const auto& [tensor, t] : p.shared) s.rng.emplace_back(part_tensor_name(name, tensor), t.contiguous());
+    for (const auto& [tensor, t] : p.own) {
+      auto all = comm.all_gather(t.reshape({-1}).contiguous(), "checkpoint state gather");
+      for (size_t r = 0; r < all.size(); ++r) {
+        s.rng.emplace_back("rank." + std::to_string(r) + "." + part_tensor_name(name, tensor), all[r]);
+      }
+    }
   }
   return s;
 }
 
-SavedSync read_sync_state(const ResolvedCheckpoint& from) {
-  auto file = load_safetensors(from.file("rng.safetensors"));
-  SavedSync saved;
-  saved.by_rank.resize(static_cast<size_t>(from.state.world_size));
-  const std::string shared = "sync.";
-  for (auto& [name, t] : file.tensors) {
-    if (name.rfind(shared, 0) == 0) {
-      saved.shared.emplace_back(name.substr(shared.size()), t);
-      continue;
-    }
-    auto dot = name.find(".sync.");
-    if (name.rfind("rank.", 0) != 0 || dot == std::string::npos) continue;
-    int r = std::stoi(name.substr(5, dot - 5));
-    COHORT_CHECK(r >= 0 && r < from.state.world_size, DataError, from.dir, "/rng.safetensors: ", name,
-                 " names a rank outside the checkpoint's ", from.state.world_size);
-    saved.by_rank[static_cast<size_t>(r)].emplace_back(name.substr(dot + 6), t);
-  }
-  return saved;
-}
-
-void TrainState::restore(const ResolvedCheckpoint& from, const World& world) {
+std::vector<std::string> TrainState::restore(const ResolvedCheckpoint& from, const World& world,
+                                             const std::vector<StatePart*>& parts) {
   step = from.state.step;
   cursor = from.state.cursor;
   samples_seen = from.state.samples_seen;
   balance_shares = from.state.balance_shares;
-  auto rng = load_safetensors(from.file("rng.safetensors"));
-  if (auto ls = rng.tensors.find("loss_scaler"); ls != rng.tensors.end()) scaler.restore(ls->second);
-  if (from.state.world_size != world.world_size) return;
-  auto it = rng.tensors.find("rank." + std::to_string(world.rank));
-  COHORT_CHECK(it != rng.tensors.end(), DataError, from.dir, "/rng.safetensors lacks rank.", world.rank);
-  set_cpu_rng_state(it->second);
+  const std::string file = from.file("rng.safetensors");
+  auto rng = load_safetensors(file);
+  if (from.state.world_size == world.world_size) {
+    auto it = rng.tensors.find("rank." + std::to_string(world.rank));
+    COHORT_CHECK(it != rng.tensors.end(), DataError, from.dir, "/rng.safetensors lacks rank.", world.rank);
+    set_cpu_rng_state(it->second);
+  }
+  std::vector<std::string> notes;
+  for (StatePart* part : parts) {
+    SavedPart saved = read_saved_part(rng.tensors, part->state_name(), from.state.world_size,
+                                      from.dir + "/rng.safetensors");
+    for (auto& note : part->restore(saved)) notes.push_back(std::move(note));
+  }
+  return notes;
 }
+
+namespace {
+
+torch::Tensor bytes_tensor(const std::string& s) {
+  return torch::from_blob(const_cast<char*>(s.data()), {static_cast<int64_t>(s.size())}, torch::kUInt8).clone();
+}
+
+std::string bytes_string(const torch::Tensor& t) {
+  auto c = t.contiguous();
+  return std::string(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.numel()));
+}
+
+}  // namespace
 
 std::string encode_handover(const Handover& h) {
   torch::serialize::OutputArchive a;
@@ -83,8 +92,18 @@ std::string encode_handover(const Handover& h) {
                                   static_cast<int64_t>(s.world_size)}, torch::kInt64));
   a.write("optimizer", torch::from_blob(const_cast<char*>(h.optimizer.data()),
                                         {static_cast<int64_t>(h.optimizer.size())}, torch::kUInt8));
-  if (h.scaler.defined()) a.write("scaler", h.scaler);
-  if (h.outer_momentum.defined()) a.write("outer_momentum", h.outer_momentum);
+  // The parts' shared tensors: "partI" names the part and its tensors (a
+  // line each: archive keys take no dots), "partI_J" is tensor J.
+  int64_t i = 0;
+  for (const auto& [name, state] : h.parts) {
+    std::string names = name + "\n";
+    for (const auto& [tensor, t] : state.shared) names += tensor + "\n";  // a tensor's name may be ""
+    a.write(strf("part%lld", static_cast<long long>(i)), bytes_tensor(names));
+    int64_t j = 0;
+    for (const auto& [tensor, t] : state.shared) a.write(strf("part%lld_%lld", static_cast<long long>(i), static_cast<long long>(j++)), t);
+    ++i;
+  }
+  a.write("parts", torch::tensor({i}, torch::kInt64));
   std::ostringstream os;
   a.save_to(os);
   return os.str();
@@ -100,8 +119,22 @@ Handover decode_handover(const std::string& blob) {
   COHORT_CHECK(fields.numel() == 5 && fields.scalar_type() == torch::kInt64, Error,
                "state handover: unreadable state record (", fields.numel(), " fields)");
   h.optimizer.assign(static_cast<const char*>(opt.data_ptr()), static_cast<size_t>(opt.numel()));
-  a.try_read("scaler", h.scaler);
-  a.try_read("outer_momentum", h.outer_momentum);
+  torch::Tensor parts;
+  a.read("parts", parts);
+  for (int64_t i = 0; i < parts.item<int64_t>(); ++i) {
+    torch::Tensor names_bytes;
+    a.read(strf("part%lld", static_cast<long long>(i)), names_bytes);
+    std::vector<std::string> names;
+    std::istringstream lines(bytes_string(names_bytes));
+    for (std::string line; std::getline(lines, line);) names.push_back(line);
+    COHORT_CHECK(!names.empty(), Error, "state handover: part ", i, " has no name");
+    PartState& state = h.parts[names[0]];
+    for (size_t j = 1; j < names.size(); ++j) {
+      torch::Tensor t;
+      a.read(strf("part%lld_%lld", static_cast<long long>(i), static_cast<long long>(j - 1)), t);
+      state.shared.emplace_back(names[j], t);
+    }
+  }
   auto f = fields.data_ptr<int64_t>();
   h.state.step = f[0];
   h.state.cursor = {f[1], f[2]};

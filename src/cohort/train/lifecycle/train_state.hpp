@@ -7,16 +7,18 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <string>
 #include <optional>
 #include <vector>
 
 #include "cohort/ckpt/checkpoint.hpp"
+#include "cohort/ckpt/state_part.hpp"
 #include "cohort/data/order.hpp"
 #include "cohort/device/device_tally.hpp"
 #include "cohort/eval/tally.hpp"
 #include "cohort/obs/reporter.hpp"
 #include "cohort/train/optimization/precision.hpp"
-#include "cohort/train/optimization/replica_sync.hpp"
 
 namespace cohort {
 
@@ -30,29 +32,23 @@ struct TrainState {
   LossScaler scaler{false};
   std::vector<int64_t> balance_shares;  // the split of a full global batch
 
-  // The checkpoint's record and its rng.safetensors tensors (every rank's
-  // generator, the loss scale, and `sync`: its shared tensors as
-  // "sync.NAME", each rank's own as "rank.R.sync.NAME", flattened).
-  // Collective: every rank calls it; the tensors are complete on rank 0.
+  // The checkpoint's record and its rng.safetensors tensors: every rank's
+  // generator ("rank.R"), and each state part's tensors as StatePart names
+  // them (each rank's own flattened). Collective: every rank calls it; the
+  // tensors are complete on rank 0.
   struct Snapshot {
     CheckpointState state;
     NamedTensors rng;
   };
-  Snapshot capture(Comm& comm, int64_t train_samples, const SyncState& sync = {}) const;
+  Snapshot capture(Comm& comm, int64_t train_samples, const std::vector<const StatePart*>& parts) const;
 
-  // From a verified checkpoint: step, cursor, samples and loss scale, and
-  // this rank's RNG stream when the world size is unchanged (at another
-  // world size ranks keep their seed-derived streams).
-  void restore(const ResolvedCheckpoint& from, const World& world);
+  // From a verified checkpoint: step, cursor and samples, this rank's RNG
+  // stream when the world size is unchanged (at another world size ranks
+  // keep their seed-derived streams), and every state part's tensors.
+  // Returns the parts' notes for the log.
+  std::vector<std::string> restore(const ResolvedCheckpoint& from, const World& world,
+                                   const std::vector<StatePart*>& parts);
 };
-
-// A checkpoint's SyncState (TrainState::capture): the shared tensors, and
-// every writing rank's own by rank (flattened; empty lists when none).
-struct SavedSync {
-  NamedTensors shared;
-  std::vector<NamedTensors> by_rank;
-};
-SavedSync read_sync_state(const ResolvedCheckpoint& from);
 
 // An elastic world's state handed from one world to the next in memory
 // (train/elastic/elastic.hpp): what a checkpoint would hold, taken from the live
@@ -61,11 +57,10 @@ struct Handover {
   CheckpointState state;
   NamedTensors model;     // parameters and buffers, cloned
   std::string optimizer;  // the optimizer's libtorch archive
-  torch::Tensor scaler;   // the fp16 loss scaler's state; undefined when off
-  // dist.sync = local: the outer Nesterov buffer, and the state above is
-  // that of the last sync (the model its parameters): the new world trains
-  // the steps since again. Undefined otherwise.
-  torch::Tensor outer_momentum;
+  // Every state part's (StatePart::capture), by its state_name(), cloned.
+  // dist.sync = local: the state above is that of the last sync (the model
+  // its parameters): the new world trains the steps since again.
+  std::map<std::string, PartState> parts;
   // dist.shard: this process's range of the optimizer moments at the step
   // held (ShardedOptimizer::range_state); empty when it holds none, or when
   // the world ended while a step's update was half shared.
@@ -83,9 +78,10 @@ struct Handover {
 };
 
 // What a new world's rank 0 sends the others of a Handover, as one blob:
-// the step, cursor, samples and world size, the optimizer's archive, the
-// loss scale and the outer momentum (the weights go by a module broadcast). decode_handover fills
-// those fields of a Handover and leaves the rest empty.
+// the step, cursor, samples and world size, the optimizer's archive and the
+// state parts' shared tensors (the weights go by a module broadcast; each
+// part's own tensors stay with their process). decode_handover fills those
+// fields of a Handover and leaves the rest empty.
 std::string encode_handover(const Handover& h);
 Handover decode_handover(const std::string& blob);
 

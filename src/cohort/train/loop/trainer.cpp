@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <utility>
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/files.hpp"
@@ -48,18 +49,18 @@ Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
   schedule = LrSchedule::from(cfg.optim, total_steps);
   replicas = make_replica_sync(comm, *task->module(), *optimizer, cfg);
   if (const ResolvedCheckpoint* from = run.checkpoint()) {
-    for (auto& note : restore_checkpoint(*from, *task, *optimizer, *replicas, state, world, cfg.data.path,
+    for (auto& note : restore_checkpoint(*from, *task, *optimizer, state_parts(), state, world, cfg.data.path,
                                          order->usable())) {
       run.notes.push_back(note);
     }
   } else if (comm.elastic() &&
-             adopt_handover(comm, held(), *task->module(), *optimizer, *replicas, state, run.notes)) {
+             adopt_handover(comm, held(), *task->module(), *optimizer, state_parts(), state, run.notes)) {
     COHORT_CHECK(state.cursor.consumed < order->usable(), Error, "state handover: cursor ", state.cursor.consumed,
                  " is outside the epoch's ", order->usable(), " samples");
     if (held()) step_cursor = held()->step_cursor;
   }
-  keeper = std::make_unique<Keeper>(comm, *task, *optimizer, *replicas, state, run.out_dir, cfg.ckpt.keep,
-                                    run.config_toml,
+  keeper = std::make_unique<Keeper>(comm, *task, *optimizer, *replicas, std::as_const(*this).state_parts(), state,
+                                    run.out_dir, cfg.ckpt.keep, run.config_toml,
                                     BestMetric(cfg.ckpt.best_metric, cfg.train.early_stop_patience,
                                                task->report(task->empty_tally()), cfg.train.task));
   balancer = std::make_unique<Balancer>(balancer_options(cfg, world.world_size, state.balance_shares));

@@ -10,11 +10,12 @@ std::shared_ptr<const Handover> Trainer::Parts::handover() const {
   log->settle();  // a diverged step is named in this world, not handed to the next
   std::shared_ptr<Handover> h;
   auto capture = [&] {
-    h = capture_handover(*task->module(), *optimizer, state, world.world_size, task->train_set().size());
+    h = capture_handover(*task->module(), *optimizer, state, state_parts(), world.world_size,
+                         task->train_set().size());
   };
   if (sync_mark) {
     replicas->with_synced(capture);
-    rewind_to_sync(*h, *sync_mark, state.step, replicas->outer_momentum());
+    rewind_to_sync(*h, *sync_mark, state.step);
   } else {
     capture();
     h->rng = rng_mark.defined() ? rng_mark.clone() : cpu_rng_state();
@@ -26,7 +27,6 @@ std::shared_ptr<const Handover> Trainer::Parts::handover() const {
     else if (state.step > world_start_step && line_due()) h->train_line = log->line(state, step_cursor.epoch);
     h->interval = log->interval().tally;
     if (replicas->local()) {  // resumed mid-window, no sync since
-      h->outer_momentum = replicas->outer_momentum();
       h->note = "local sync: no sync since this world began: the new world goes on from rank 0's parameters (the "
                 "other ranks' open windows are lost)";
     }

@@ -72,6 +72,11 @@ struct Trainer::Parts {
   std::optional<SyncMark> sync_mark;  // dist.sync = local: the last sync (elastic handover)
   void mark_sync();
 
+  // The parts whose state the checkpoint and the hand-over carry beside the
+  // model, optimizer and position (StatePart): one list, in restore order.
+  std::vector<StatePart*> state_parts() { return {&state.scaler, replicas.get()}; }
+  std::vector<const StatePart*> state_parts() const { return {&state.scaler, replicas.get()}; }
+
   const Handover* held() const { return run.peers() ? run.peers()->held.get() : nullptr; }
   std::shared_ptr<const Handover> handover() const;
   void admit_joiners() const;

@@ -114,4 +114,22 @@ void LossScaler::restore(const torch::Tensor& state) {
   skipped_ = static_cast<int64_t>(v[2]);
 }
 
+PartState LossScaler::capture() const {
+  PartState s;
+  if (enabled_) s.shared.emplace_back("", state());
+  return s;
+}
+
+std::vector<std::string> LossScaler::restore(const SavedPart& saved) {
+  adopt({saved.shared, {}});
+  return {};
+}
+
+std::string LossScaler::adopt(const PartState& handed) {
+  for (const auto& [name, t] : handed.shared) {
+    if (name.empty()) restore(t);
+  }
+  return "";
+}
+
 }  // namespace cohort

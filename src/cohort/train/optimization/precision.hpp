@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cohort/ckpt/state_part.hpp"
 #include "cohort/config/choice.hpp"
 
 namespace cohort {
@@ -62,7 +63,7 @@ class AutocastScope {
 // identical on every rank) they are divided back. A non-finite gradient skips
 // the step and halves the scale; `growth_interval` clean steps double it.
 // Disabled, it is the identity and every step is taken.
-class LossScaler {
+class LossScaler : public StatePart {
  public:
   explicit LossScaler(bool enabled, double init_scale = 65536.0, double growth = 2.0, double backoff = 0.5,
                       int64_t growth_interval = 2000);
@@ -78,9 +79,15 @@ class LossScaler {
   bool unscale_and_update(torch::nn::Module& module) { return unscale_and_update(module_gradients(module)); }
   bool unscale_and_update(const GradientSet& grads);
   int64_t skipped() const { return skipped_; }
-  // [scale, clean steps, skipped] for checkpoints, and back.
+  // [scale, clean steps, skipped], and back.
   torch::Tensor state() const;
   void restore(const torch::Tensor& state);
+
+  // Its state part, "loss_scaler": the one tensor above (shared), when on.
+  std::string state_name() const override { return "loss_scaler"; }
+  PartState capture() const override;
+  std::vector<std::string> restore(const SavedPart& saved) override;
+  std::string adopt(const PartState& handed) override;
 
  private:
   bool enabled_;

@@ -51,22 +51,23 @@ class EveryStep : public ReplicaSync {
   GradReduction& reduction() override { return *grad_sync_; }
   bool after_step(int64_t, int64_t, bool) override { return false; }
   void with_synced(const std::function<void()>& fn) override { fn(); }
-  SyncState state() const override { return {grad_sync_->shared_state(), grad_sync_->own_state()}; }
+  PartState capture() const override { return {grad_sync_->shared_state(), grad_sync_->own_state()}; }
 
   // PowerSGD: the Qs are the same on every rank; the remainders are each
   // rank's, kept at the same world size only.
-  std::vector<std::string> restore(const NamedTensors& shared, const std::vector<NamedTensors>& by_rank) override {
+  std::vector<std::string> restore(const SavedPart& saved) override {
     if (dist_.grad_compression != Compression::kPowerSgd) return {};
+    const auto& by_rank = saved.by_rank;
     if (static_cast<int>(by_rank.size()) == comm_.size()) {
-      grad_sync_->load_state(shared, by_rank.at(static_cast<size_t>(comm_.rank())));
+      grad_sync_->load_state(saved.shared, by_rank.at(static_cast<size_t>(comm_.rank())));
       return {};
     }
-    grad_sync_->load_state(shared, {});
+    grad_sync_->load_state(saved.shared, {});
     return {strf("powersgd: the error-feedback remainders of the checkpoint's %zu rank(s) are dropped at %d rank(s); "
                  "the Qs are kept", by_rank.size(), comm_.size())};
   }
 
-  std::string start_new_world(const torch::Tensor&) override {
+  std::string adopt(const PartState&) override {
     if (dist_.grad_compression != Compression::kPowerSgd) return "";
     grad_sync_->reset_state();
     return "powersgd: a new world starts with fresh Qs and no error-feedback remainders (the old world's are per rank)";
@@ -74,7 +75,6 @@ class EveryStep : public ReplicaSync {
 
   bool local() const override { return false; }
   bool window_open() const override { return false; }
-  torch::Tensor outer_momentum() const override { return {}; }
 
   std::string describe() const override {
     if (dist_.grad_compression != Compression::kPowerSgd || comm_.size() == 1) return "";
@@ -113,15 +113,16 @@ class LocalSteps : public ReplicaSync {
   }
   void with_synced(const std::function<void()>& fn) override { local_sync_->with_synced(fn); }
 
-  SyncState state() const override {
-    SyncState s{local_sync_->shared_state(), local_sync_->own_state()};
+  PartState capture() const override {
+    PartState s{local_sync_->shared_state(), local_sync_->own_state()};
     s.own.emplace_back(kOptimizer, archive_bytes(optimizer_));  // each rank's inner optimizer is its own
     return s;
   }
 
-  std::vector<std::string> restore(const NamedTensors& shared, const std::vector<NamedTensors>& by_rank) override {
+  std::vector<std::string> restore(const SavedPart& saved) override {
+    const auto& by_rank = saved.by_rank;
     std::vector<std::string> notes;
-    std::string note = local_sync_->load_state(shared, by_rank, comm_.rank());
+    std::string note = local_sync_->load_state(saved.shared, by_rank, comm_.rank());
     if (!note.empty()) notes.push_back(note);
     // Each rank's inner optimizer state; at another world size rank r takes
     // the writer r mod (its world size)'s.
@@ -133,14 +134,13 @@ class LocalSteps : public ReplicaSync {
     return notes;
   }
 
-  std::string start_new_world(const torch::Tensor& outer_momentum) override {
-    local_sync_->restart(outer_momentum);
+  std::string adopt(const PartState& handed) override {
+    local_sync_->restart(handed.shared);
     return "";
   }
 
   bool local() const override { return true; }
   bool window_open() const override { return local_sync_->window_open(); }
-  torch::Tensor outer_momentum() const override { return local_sync_->momentum().clone(); }
 
   std::string describe() const override {
     const double mib = 1.0 / (1 << 20);

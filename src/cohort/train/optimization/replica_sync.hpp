@@ -1,4 +1,4 @@
-// defines: SyncState, ReplicaSync, make_replica_sync
+// defines: ReplicaSync, make_replica_sync
 //
 // How the ranks' replicas stay together, dist.sync: `step` sums the
 // gradients every step in GradSync (exactly, in bf16/fp16, or PowerSGD's
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "cohort/ckpt/safetensors.hpp"
+#include "cohort/ckpt/state_part.hpp"
 #include "cohort/config/config.hpp"
 
 namespace cohort {
@@ -22,21 +22,16 @@ class Comm;
 class GradReduction;
 class StepOptimizer;
 
-// What a checkpoint holds of it beyond the model and rank 0's optimizer:
-// tensors the same on every rank, and each rank's own (PowerSGD's
-// error-feedback remainders; local sync's parameters, open-window sample
-// count and inner optimizer state).
-struct SyncState {
-  NamedTensors shared;
-  NamedTensors own;
-};
-
 // The outer stage around the inner step, and the gradient reduction inside
 // it: `step` (EveryStep) sums the gradients every step in GradSync and has
 // no outer sync; `local` (LocalSteps) keeps each rank's gradients its own
-// and meets in LocalSync every dist.local-steps. Each owns its state; the
+// and meets in LocalSync every dist.local-steps. Each owns its state, as
+// the state part "sync": beyond the model and rank 0's optimizer, tensors
+// the same on every rank and each rank's own (PowerSGD's Qs and
+// error-feedback remainders; local sync's outer momentum, and each rank's
+// parameters, open-window sample count and inner optimizer state). The
 // trainer, the keeper and the hand-over ask the stage, never which it is.
-class ReplicaSync {
+class ReplicaSync : public StatePart {
  public:
   virtual ~ReplicaSync() = default;
 
@@ -49,22 +44,17 @@ class ReplicaSync {
   // steps: the last sync's; otherwise the module as it is).
   virtual void with_synced(const std::function<void()>& fn) = 0;
 
-  virtual SyncState state() const = 0;
-  // From a checkpoint's shared tensors and every writing rank's own, by rank.
-  // Returns notes for the log (a reset, a merge).
-  virtual std::vector<std::string> restore(const NamedTensors& shared, const std::vector<NamedTensors>& by_rank) = 0;
-  // A new elastic world, after the handover: PowerSGD's remainders belong
-  // to the old one; local sync starts a window from the handed-over model
-  // and outer momentum. Returns a note for the log, or "".
-  virtual std::string start_new_world(const torch::Tensor& outer_momentum) = 0;
+  std::string state_name() const override { return "sync"; }
+  // restore: at another world size, what each rank's own state allows (a
+  // merge, a reset), said in the notes. adopt: PowerSGD's remainders belong
+  // to the old world (fresh Qs); local sync starts a window from the
+  // handed-over model and outer momentum.
   // The replicas meet in windows of several steps (dist.sync = local), and
   // whether this rank's window is open.
   virtual bool local() const = 0;
   virtual bool window_open() const = 0;
-  // The outer momentum the elastic handover carries (undefined without).
-  virtual torch::Tensor outer_momentum() const = 0;
   // The start-up line: mode, compression, what goes on the wire; or "".
-  virtual std::string describe() const = 0;
+  std::string describe() const override = 0;
 };
 
 // After the module's first broadcast (every rank holds the same weights):
