@@ -79,7 +79,7 @@ class Unreduced : public BucketReducer {
   void finish() override {}
   int64_t wire_floats() const override { return buckets_.total_numel(); }
 
- private:
+ protected:
   const GradBuckets& buckets_;
 };
 
@@ -89,7 +89,7 @@ class Unreduced : public BucketReducer {
 class MicroBatchSum : public Unreduced {
  public:
   explicit MicroBatchSum(const GradBuckets& buckets)
-      : Unreduced(buckets), buckets_(buckets), sum_(buckets.param_count()), now_(buckets.param_count(), false) {}
+      : Unreduced(buckets), sum_(buckets.param_count()), now_(buckets.param_count(), false) {}
 
   void fold() override {
     torch::NoGradGuard no_grad;
@@ -119,7 +119,6 @@ class MicroBatchSum : public Unreduced {
   }
 
  private:
-  const GradBuckets& buckets_;
   std::vector<torch::Tensor> sum_;  // fp64, kept allocated from step to step
   std::vector<bool> now_;           // holds this step's sum
 };
