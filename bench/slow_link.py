@@ -17,7 +17,11 @@ batch, constant learning rate, AdamW, clipping, bf16 autocast) with:
   bf16         Cohort, gradients in bf16 on the wire
   powersgd     Cohort, dist.grad-compression = powersgd at --rank
   local-H      Cohort, dist.sync = local with H inner steps per sync (8, 32);
-               local-H-LR-M sets the outer step's lr and momentum
+               local-H-LR-M sets the outer step's lr and momentum; every
+               rank is its own island (flat local steps)
+  islands-H    Cohort, local steps of H between islands of a host's ranks
+               (dist.islands = node: exact inside a host, each island rank
+               sends 1/k of the change); islands-H-bf16 sends it in bf16
   ddp          PyTorch DistributedDataParallel (bench/peers/bert_pretrain.py,
                the same network written out in PyTorch, MLM at the masked
                positions as Cohort computes it)
@@ -35,9 +39,12 @@ Needs root (namespaces, tc); prints SKIPPED otherwise. `--check-link` only
 sets up two hosts at 20 Mbit/s and checks that 5 MB take at least the time
 the rate allows (ctest runs it as slow_link.shaping).
 
+With --ranks-per-host k each host runs k ranks (one thread each) that talk
+to each other inside the host, unshaped: 2 hosts x 2 ranks are 2 islands.
+
 Usage: /opt/cohort/venv/bin/python3 bench/slow_link.py [--hosts 2,4] [--links 100mbit,1gbit]
            [--methods exact,bf16,powersgd,local-8,local-32,ddp,ddp-powersgd] [--target-step 80]
-           [--eval-every 10] [--eval-rows 256] [--data data/gcide] [--build build]
+           [--ranks-per-host 1] [--eval-every 10] [--eval-rows 256] [--data data/gcide] [--build build]
 """
 import argparse
 import json
@@ -182,7 +189,7 @@ def cohort_cmd(args, method, hosts, i, out, steps):
            "--eval.max-samples", str(args.eval_rows), "--eval.batch", "64", "--log.every-steps", str(args.eval_every),
            "--ckpt.every-steps", "0", "--dist.timeout", "600", "--out", out, "--overwrite",
            "--init-method", "tcp://%s:29650" % hosts.address(0), "--nnodes", str(hosts.n), "--node-rank", str(i),
-           "--nproc-per-node", "1"]
+           "--nproc-per-node", str(args.ranks_per_host)]
     if method == "exact":
         cmd += ["--dist.grad-compression", "fp32"]
     elif method == "bf16":
@@ -194,6 +201,11 @@ def cohort_cmd(args, method, hosts, i, out, steps):
         cmd += ["--dist.sync", "local", "--dist.local-steps", parts[1]]
         if len(parts) == 4:
             cmd += ["--optim.outer-lr", parts[2], "--optim.outer-momentum", parts[3]]
+    elif method.startswith("islands-"):  # islands-H, or islands-H-bf16
+        parts = method.split("-")
+        cmd += ["--dist.sync", "local", "--dist.local-steps", parts[1], "--dist.islands", "node"]
+        if len(parts) == 3:
+            cmd += ["--dist.grad-compression", parts[2]]
     return cmd
 
 
@@ -220,13 +232,15 @@ def dealt_ids(args, n, work):
 
 
 def peer_cmd(args, method, hosts, i, steps):
+    """Global rank i of hosts.n * ranks_per_host, on host i // ranks_per_host."""
+    ranks = hosts.n * args.ranks_per_host
     # Gloo would pick the address the hostname resolves to (loopback here).
-    return ["env", "GLOO_SOCKET_IFNAME=" + hosts.dev(i), PYTHON,
+    return ["env", "GLOO_SOCKET_IFNAME=" + hosts.dev(i // args.ranks_per_host), PYTHON,
             os.path.join(ROOT, "bench", "peers", "bert_pretrain.py"), "--model", "mirror", "--mlm", "masked",
             "--vocab", "8192", "--hidden", str(COMMON["hidden"]), "--layers", str(COMMON["layers"]), "--heads",
-            str(COMMON["heads"]), "--batch", str(args.batch // hosts.n), "--steps", str(steps), "--threads", "1",
+            str(COMMON["heads"]), "--batch", str(args.batch // ranks), "--steps", str(steps), "--threads", "1",
             "--precision", "bf16", "--data", args.data, "--lr", str(COMMON["lr"]), "--rank", str(i), "--ranks",
-            str(hosts.n), "--master", "%s:29651" % hosts.address(0), "--eval-every", str(args.eval_every),
+            str(ranks), "--master", "%s:29651" % hosts.address(0), "--eval-every", str(args.eval_every),
             "--eval-rows", str(args.eval_rows), "--hook", "powersgd" if method == "ddp-powersgd" else "none",
             "--powersgd-rank", str(args.rank), "--ids", args.ids]
 
@@ -249,11 +263,13 @@ def run_method(args, method, hosts, work):
     steps = steps_for(args, method)
     before = hosts.bytes(0)
     procs = []
-    for i in range(hosts.n):
+    # Cohort: one launcher per host; the DDP peer: one process per rank.
+    for i in range(hosts.n * args.ranks_per_host if method.startswith("ddp") else hosts.n):
+        host = i // args.ranks_per_host if method.startswith("ddp") else i
         cmd = peer_cmd(args, method, hosts, i, steps) if method.startswith("ddp") else \
             cohort_cmd(args, method, hosts, i, out + "-node%d" % i, steps)
         log = open(os.path.join(work, "%s.%d.log" % (method, i)), "w")
-        procs.append((subprocess.Popen(hosts.on(i, cmd), stdout=subprocess.PIPE if i == 0 else log, stderr=log,
+        procs.append((subprocess.Popen(hosts.on(host, cmd), stdout=subprocess.PIPE if i == 0 else log, stderr=log,
                                        text=True), log))
     lines = procs[0][0].communicate()[0] or ""
     for p, log in procs:
@@ -286,7 +302,7 @@ def time_to(curve, target):
 def steps_for(args, method):
     """Exact methods run a quarter past the target step; compressed and
     local ones twice as far, to show when they get there."""
-    exact = method in ("exact", "bf16", "ddp")
+    exact = method in ("exact", "bf16", "ddp")  # islands-1 is exact too, but slower per step
     return int(args.target_step * (1.25 if exact else 2))
 
 
@@ -296,6 +312,7 @@ def main():
     ap.add_argument("--links", default="100mbit,1gbit")
     ap.add_argument("--methods", default="exact,bf16,powersgd,local-8,local-32,ddp,ddp-powersgd")
     ap.add_argument("--target-step", type=int, default=80, help="N: exact methods run 1.25 N steps, the others 2 N")
+    ap.add_argument("--ranks-per-host", type=int, default=1, help="ranks on each host, joined unshaped")
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--target-loss", type=float, default=0.0, help="instead of exact's at step N (a partial rerun)")
     ap.add_argument("--eval-rows", type=int, default=256)
@@ -325,11 +342,12 @@ def main():
           "eval loss at step %d" % (COMMON["hidden"], COMMON["layers"], args.batch, args.eval_every, args.eval_rows,
                                     args.target_step), flush=True)
     for n in map(int, args.hosts.split(",")):
-        dealt = os.path.join(args.work, "%dhosts" % n)
+        shape = "%dhosts" % n if args.ranks_per_host == 1 else "%dx%d" % (n, args.ranks_per_host)
+        dealt = os.path.join(args.work, shape)
         os.makedirs(dealt, exist_ok=True)
-        args.ids = dealt_ids(args, n, dealt)  # the same on every link
+        args.ids = dealt_ids(args, n * args.ranks_per_host, dealt)  # the same on every link
         for link in args.links.split(","):
-            work = os.path.join(args.work, "%dhosts-%s" % (n, link))
+            work = os.path.join(args.work, "%s-%s" % (shape, link))
             os.makedirs(work, exist_ok=True)
             hosts = Hosts(n, link)
             try:
@@ -345,8 +363,9 @@ def main():
             target = args.target_loss or next(l for s, _, l in exact["curve"] if s >= args.target_step)
             ddp = next((r for r in results if r["method"] == "ddp"), None)
             ddp_t = time_to(ddp["curve"], target) if ddp else None
-            print("\n%d hosts, %s (tbf both ways%s); target eval loss %.4f (exact at step %d)"
-                  % (n, link, ", 2 ms one way" if NETEM else ", no added latency", target, args.target_step))
+            print("\n%d hosts x %d rank(s), %s (tbf both ways%s); target eval loss %.4f (exact at step %d)"
+                  % (n, args.ranks_per_host, link, ", 2 ms one way" if NETEM else ", no added latency", target,
+                     args.target_step))
             half, n_ = args.target_step // 2, args.target_step
             print("| method | steps/s | MB on the wire/step | eval loss @%d | @%d | @%d | time to target | vs ddp |"
                   % (half, n_, 2 * n_))

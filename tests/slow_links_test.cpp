@@ -200,6 +200,86 @@ INSTANTIATE_TEST_SUITE_P(Modes, SlowLinkResume,
                                            "--dist.grad-compression powersgd --dist.powersgd-rank 1"),
                          [](const auto& info) { return info.index == 0 ? "LocalSteps" : "PowerSgd"; });
 
+// Islands: 4 ranks as 2 islands of 2. With one-step windows, plain SGD,
+// outer lr 1 and no momentum they are exact training, as flat local steps
+// are; and an island of 2 ranks summing its gradients exactly trains what
+// one rank with both ranks' samples does, so 2 islands of 2 are 2 flat
+// ranks with local steps, window for window.
+TEST(Islands, TrainAsOneRankEachAndOneStepWindowsAreExactTraining) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 40);
+  std::string common = "train" + kSlowTiny + "--model.dropout 0 --optim.name sgd --optim.momentum 0 --optim.lr 0.05 "
+                       "--data.global-batch 8 --train.max-steps 12 --oversubscribe --data.path " + tmp.path();
+  const std::string outer = " --dist.sync local --optim.outer-lr 1 --optim.outer-momentum 0";
+  auto exact = run_cohort(common + " --nproc-per-node 4 --out " + (tmp / "exact"));
+  ASSERT_EQ(exact.code, 0) << exact.err;
+  auto one = run_cohort(common + outer + " --nproc-per-node 4 --dist.islands 2 --dist.local-steps 1 --out " +
+                        (tmp / "one"));
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_NE(one.out.find("2 island(s) of 2 rank(s), gradients summed exactly inside each, and each island rank sums "
+                         "its 1/2 of the change"), std::string::npos) << one.out;
+  auto a = cohort::test::train_losses(tmp / "exact"), b = cohort::test::train_losses(tmp / "one");
+  ASSERT_EQ(a.size(), 12u);
+  ASSERT_EQ(b.size(), 12u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << "step " << i + 1;
+
+  auto islands = run_cohort(common + outer + " --nproc-per-node 4 --dist.islands 2,2 --dist.local-steps 4 --out " +
+                            (tmp / "islands"));
+  ASSERT_EQ(islands.code, 0) << islands.err;
+  auto flat = run_cohort(common + outer + " --nproc-per-node 2 --dist.local-steps 4 --out " + (tmp / "flat"));
+  ASSERT_EQ(flat.code, 0) << flat.err;
+  auto c = cohort::test::train_losses(tmp / "islands"), d = cohort::test::train_losses(tmp / "flat");
+  ASSERT_EQ(c.size(), 12u);
+  ASSERT_EQ(d.size(), 12u);
+  for (size_t i = 0; i < c.size(); ++i) EXPECT_NEAR(c[i], d[i], 1e-5 * std::abs(d[i])) << "step " << i + 1;
+  EXPECT_GT(std::abs(c[5] - a[5]), 1e-6) << "4-step windows drift apart between syncs: not exact training";
+}
+
+// A checkpoint in the middle of a window resumes bit for bit with the same
+// islands; regrouped (flat local steps on the same 4 ranks), the open
+// window is merged and the run goes on.
+TEST(Islands, ResumeMidWindowIsBitIdentical) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 40);
+  std::string run = tmp / "run";
+  auto full = run_cohort("train" + kSlowTiny + "--model.dropout 0.1 --data.global-batch 8 --nproc-per-node 4 "
+                         "--oversubscribe --ckpt.every-steps 9 --ckpt.keep 5 --train.max-steps 20 --dist.sync local "
+                         "--dist.local-steps 4 --optim.outer-momentum 0.5 --dist.islands 2 --data.path " + tmp.path() +
+                         " --out " + run);
+  ASSERT_EQ(full.code, 0) << full.err;
+  std::string uninterrupted = model_bytes(run + "/checkpoints/step-20");
+  auto again = run_cohort("train --resume " + run + "/checkpoints/step-9 --quiet");
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_EQ(model_bytes(run + "/checkpoints/step-20"), uninterrupted);
+  auto regrouped = run_cohort("train --resume " + run + "/checkpoints/step-9 --dist.islands rank --train.max-steps 12");
+  ASSERT_EQ(regrouped.code, 0) << regrouped.err;
+  EXPECT_NE(regrouped.out.find("had 8 samples in an open window; merged by one outer step before going on with 4 "
+                               "rank(s) in 4 island(s)"), std::string::npos) << regrouped.out;
+}
+
+TEST(Islands, LayoutsTheWorldCannotHoldAreConfigErrors) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 16);
+  std::string common = "train" + kSlowTiny + "--data.global-batch 4 --train.max-steps 1 --oversubscribe --data.path " +
+                       tmp.path() + " --dist.sync local";
+  struct Case {
+    std::string args, error;
+  };
+  for (const Case& c : std::vector<Case>{
+           {" --nproc-per-node 3 --dist.islands 2", "dist.islands '2' does not divide the world's 3 rank(s)"},
+           {" --nproc-per-node 3 --dist.islands 2,1", "islands of different sizes"},
+           {" --nproc-per-node 2 --dist.islands 2", "makes one island of the whole world"},
+           {" --nproc-per-node 2 --dist.islands two", "dist.islands: 'two' must be auto, node, rank, or island sizes"}}) {
+    auto r = run_cohort(common + c.args + " --out " + (tmp / "run"));
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.error), std::string::npos) << c.args << "\n" << r.err;
+    EXPECT_FALSE(std::filesystem::exists(tmp / "run")) << c.args;
+  }
+  auto step = run_cohort("train --model.name mlp --dist.islands node --out /nonexistent");
+  EXPECT_EQ(step.code, 2) << step.err;
+  EXPECT_NE(step.err.find("dist.islands"), std::string::npos) << step.err;
+}
+
 TEST(LocalSync, PowerSgdWithLocalStepsIsAConfigError) {
   auto r = run_cohort("train --model.name mlp --dist.sync local --dist.grad-compression powersgd --out /nonexistent");
   EXPECT_EQ(r.code, 2) << r.err;

@@ -273,6 +273,10 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
        "the world size); local: each rank steps alone for dist.local-steps, then the ranks average the parameter "
        "change and apply an outer Nesterov step (DiLoCo: far less traffic, for slow links)", fixed);
   bind("dist.local-steps", c.dist.local_steps, "dist.sync = local: inner optimizer steps between syncs");
+  bind("dist.islands", c.dist.islands, "dist.sync = local: ranks that train one model exactly together (gradients "
+       "summed every step) and meet the other islands in the outer sync: node = one island per node, rank = every "
+       "rank its own (flat local steps), sizes = consecutive ranks (e.g. 2, or 2,2); auto = node when there are "
+       "several nodes of equal rank counts above 1, else rank; on resume another grouping merges the open window");
   bind("dist.shard", c.dist.shard, "ZeRO: none; optimizer = each rank keeps the AdamW/LAMB state of its range of the "
        "parameters and updates only that range (stage 1); gradients = each rank also keeps only its range's gradients "
        "(stage 2)");
@@ -885,6 +889,9 @@ const std::vector<InertRule>& inert_rules() {
       {"dist.local-steps", [](const Config& c) { return c.dist.sync == SyncMode::kStep && c.dist.local_steps != dist.local_steps; },
        [](Config& c) { c.dist.local_steps = dist.local_steps; },
        [](const Config& c) { return std::to_string(c.dist.local_steps); }, every_step},
+      {"dist.islands", [](const Config& c) { return c.dist.sync == SyncMode::kStep && c.dist.islands != dist.islands; },
+       [](Config& c) { c.dist.islands = dist.islands; },
+       [](const Config& c) { return c.dist.islands; }, every_step},
   };
   return rules;
 }
@@ -1002,6 +1009,7 @@ void validate(const Config& c) {
           "dist.grad-compression", "powersgd", "compresses the gradient all-reduce, which dist.sync = local does "
           "not have: use none or bf16 for the parameter change");
   (void)shard_weights(c.dist);
+  (void)island_sizes(c.dist.islands);
   require(std::isfinite(c.dist.max_memory_gb) && c.dist.max_memory_gb >= 0, "dist.max-memory-gb",
           c.dist.max_memory_gb, "must be >= 0");
   require(c.dist.shard_replicas == 1 || c.dist.shard_replicas == 2, "dist.shard-replicas", c.dist.shard_replicas,
@@ -1046,6 +1054,14 @@ void validate_world(const Config& c, int world_size) {
                "dist.shard-weights gives ", weights.size(), " weight(s) ('", c.dist.shard_weights, "') but the world has ",
                world_size, " rank(s): give one per rank, or auto (on a resume at another world size, give new weights "
                "or auto)");
+  if (c.dist.sync == SyncMode::kLocal) {
+    std::vector<int64_t> sizes = island_sizes(c.dist.islands);
+    int64_t covered = 0;
+    for (int64_t s : sizes) covered += sizes.size() == 1 ? world_size / s * s : s;
+    COHORT_CHECK(sizes.empty() || covered == world_size, ConfigError, "dist.islands '", c.dist.islands, "' does not "
+                 "divide the world's ", world_size, " rank(s) into islands: give sizes that add up to it, or one size "
+                 "that divides it");
+  }
   if (c.dist.shard == ShardMode::kNone || c.dist.shard_replicas == 1) return;
   const int replicas = static_cast<int>(c.dist.shard_replicas);
   if (world_size % replicas == 0) return;
@@ -1076,6 +1092,28 @@ std::vector<double> shard_weights(const DistOptions& dist) {
     out.push_back(w);
   }
   COHORT_CHECK(!out.empty(), ConfigError, "dist.shard-weights: '", text, "' must be auto or one weight per rank");
+  return out;
+}
+
+std::vector<int64_t> island_sizes(const std::string& islands) {
+  if (islands == "auto" || islands == "node" || islands == "rank") return {};
+  std::vector<int64_t> out;
+  std::stringstream in(islands);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    long long n = 0;
+    try {
+      n = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    while (used < item.size() && std::isspace(static_cast<unsigned char>(item[used]))) ++used;
+    COHORT_CHECK(used > 0 && used == item.size() && n >= 1 && n <= 1 << 20, ConfigError, "dist.islands: '", islands,
+                 "' must be auto, node, rank, or island sizes of at least 1 rank (e.g. 2, or 2,2)");
+    out.push_back(n);
+  }
+  COHORT_CHECK(!out.empty(), ConfigError, "dist.islands: '", islands, "' must be auto, node, rank or island sizes");
   return out;
 }
 

@@ -106,6 +106,7 @@ struct DistOptions {
   int64_t powersgd_rank = 4;          // powersgd: rank of each gradient matrix's approximation
   SyncMode sync = SyncMode::kStep;    // step: exact all-reduce every step; local: DiLoCo-style
   int64_t local_steps = 8;            // local: inner steps between outer syncs
+  std::string islands = "auto";       // local: ranks that step exactly together (auto, node, rank, sizes "2,2")
   BackendKind backend = BackendKind::kAuto;  // CUDA tensors: auto = NCCL when built with it
   ShardMode shard = ShardMode::kNone;  // optimizer state (and gradients) split over ranks
   std::string shard_weights = "auto";  // "auto" (free memory) or one weight per rank: "2,1"
@@ -116,6 +117,10 @@ struct DistOptions {
 // dist.shard-weights as numbers: one per rank, or empty for auto. Throws
 // ConfigError naming the key for anything else.
 std::vector<double> shard_weights(const DistOptions& dist);
+
+// dist.islands as island sizes ("2" or "2,2"); empty for auto, node and
+// rank. Throws ConfigError naming the key for anything else.
+std::vector<int64_t> island_sizes(const std::string& islands);
 
 struct ModelOptions {
   std::string name = "cnn";   // mlp | cnn | bert

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
@@ -230,6 +231,11 @@ struct Comm::Impl {
   RankSpec spec;
   CommOptions opts;
   c10::intrusive_ptr<c10d::Store> store;  // prefixed by the job's secret
+  // Where the ranks' heartbeats are (a group split from the world keeps its
+  // keys under its own prefix, the beats under the world's), and the global
+  // ranks of the group's members, in group-rank order (empty: the world).
+  c10::intrusive_ptr<c10d::Store> beats_store;
+  std::vector<int> members;
   c10::intrusive_ptr<c10d::Backend> pg;      // Gloo: CPU tensors, control collectives
   c10::intrusive_ptr<c10d::Backend> cuda_pg;  // NCCL for CUDA tensors, when used
 
@@ -282,19 +288,22 @@ struct Comm::Impl {
   std::string diagnose(const char* what, const std::string& cause) {
     std::string stale;
     try {
+      std::vector<int> ranks = members;
+      for (int r = 0; ranks.empty() && r < spec.world_size; ++r) ranks.push_back(r);
+      c10d::Store& beats = beats_store ? *beats_store : *store;
       auto read_beats = [&] {
-        std::vector<std::string> beats(static_cast<size_t>(spec.world_size));
-        for (int r = 0; r < spec.world_size; ++r) {
+        std::map<int, std::string> seen;
+        for (int r : ranks) {
           std::string key = "hb/" + std::to_string(r);
-          if (r != spec.rank && store->check({key})) beats[static_cast<size_t>(r)] = to_string(store->get(key));
+          if (r != spec.rank && beats.check({key})) seen[r] = to_string(beats.get(key));
         }
-        return beats;
+        return seen;
       };
       auto before = read_beats();
       std::this_thread::sleep_for(opts.heartbeat * 3);
       auto after = read_beats();
       double watched = 3.0 * static_cast<double>(opts.heartbeat.count()) / 1000.0;
-      for (int r = 0; r < spec.world_size; ++r) {
+      for (int r : ranks) {
         if (r == spec.rank || before[r] != after[r]) continue;
         stale += detail::cat(stale.empty() ? "" : ", ", "rank ", r,
                              after[r].empty() ? " (never seen)" : detail::cat(" (silent for over ", watched, " s)"));
@@ -534,6 +543,37 @@ std::unique_ptr<Comm> Comm::form(const World& world, const RankSpec& spec, const
     if (!impl->link) throw DistError(detail::cat("rank ", world.rank, ": ", why));  // a fixed world (tests)
     impl->link->announce(why);
     throw MembershipChanged(detail::cat("rank ", world.rank, ": ", why));
+  }
+  c->impl_ = std::move(impl);
+  return c;
+}
+
+std::unique_ptr<Comm> Comm::split(const std::vector<int>& members, const std::string& name) {
+  auto at = std::find(members.begin(), members.end(), rank());
+  COHORT_CHECK(at != members.end(), Error, "rank ", rank(), ": splitting group '", name,
+               "' whose members do not include this rank");
+  COHORT_CHECK(!link_, Error, "rank ", rank(), ": an elastic world's groups cannot be split (group '", name, "')");
+  std::unique_ptr<Comm> c(new Comm());
+  c->world_ = world_;
+  c->world_.rank = static_cast<int>(at - members.begin());
+  c->world_.world_size = static_cast<int>(members.size());
+  if (members.size() == 1 || !impl_) return c;  // a group of one: no network
+  auto impl = std::make_unique<Impl>();
+  impl->spec = impl_->spec;  // the world's: errors and heartbeats name global ranks
+  impl->opts = impl_->opts;
+  impl->store = c10::make_intrusive<c10d::PrefixStore>("group/" + name, impl_->store);
+  impl->beats_store = impl_->store;
+  impl->members = members;
+  try {
+    impl->pg = gloo_group(c10::make_intrusive<c10d::PrefixStore>("gloo", impl->store), c->world_.rank,
+                          c->world_.world_size, impl_->spec, impl_->opts, impl_->opts.timeout);
+    if (impl_->cuda_pg) {
+      impl->cuda_pg = nccl_group(impl->store, c->world_.rank, c->world_.world_size, impl_->opts);
+    }
+  } catch (const std::exception& e) {
+    throw DistError(detail::cat("rank ", rank(), ": could not form group '", name, "' of ", members.size(),
+                                " ranks within ", impl_->opts.timeout.count() / 1000.0, " s: ",
+                                detail::first_line(e.what())));
   }
   c->impl_ = std::move(impl);
   return c;

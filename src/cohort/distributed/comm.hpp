@@ -85,6 +85,12 @@ class Comm {
   // `link` makes a fixed world over `store` (the tests' thread worlds).
   static std::unique_ptr<Comm> form(const World& world, const RankSpec& spec, const CommOptions& opts,
                                     const c10::intrusive_ptr<c10d::Store>& store, std::shared_ptr<ElasticLink> link);
+  // A group of some of this world's ranks (`members`: global ranks, in the
+  // group's rank order; this rank among them), with its own process group
+  // under the store prefix `name`. Collective over the members, who pass the
+  // same list and name. Its errors name global ranks and it reads the
+  // world's heartbeats; it must not outlive this Comm. A fixed world only.
+  std::unique_ptr<Comm> split(const std::vector<int>& members, const std::string& name);
   ~Comm();
 
   const World& world() const { return world_; }

@@ -1,21 +1,24 @@
 // defines: GradReduction, OwnGradients
 //
 // How the inner step's gradients become the ones it applies, as train_step
-// sees it: summed over the ranks as backward runs (GradSync, in any wire
-// dtype or PowerSGD's products), or each rank's own (dist.sync = local: the
-// ranks meet in the outer sync instead). The step calls every method the
-// same way whichever it is.
+// sees it: summed over a group of ranks as backward runs (GradSync, in any
+// wire dtype or PowerSGD's products: the world, or an island's ranks under
+// dist.sync = local), or each rank's own (local steps with islands of one
+// rank: the ranks meet in the outer sync instead). The step calls every
+// method the same way whichever it is.
 #pragma once
 
 namespace cohort {
 
+class Comm;
+
 class GradReduction {
  public:
   virtual ~GradReduction() = default;
-  // True: the applied gradient is the global batch's mean, so every loss
-  // term divides by its count over the whole global batch; false: by this
-  // rank's own counts.
-  virtual bool sums_over_ranks() const = 0;
+  // The ranks whose gradients the applied one sums: its mean over their
+  // samples, so every loss term divides by its count over those ranks'
+  // share of the batch. Null: this rank's own gradients and counts.
+  virtual Comm* summed_over() const = 0;
   // Every micro-batch's gradients are summed (dist.shard = gradients), so
   // every rank runs as many micro-batch rounds, empty ones included.
   virtual bool reduces_every_micro_batch() const = 0;
@@ -28,7 +31,7 @@ class GradReduction {
 // Each rank's gradients stay its own: nothing to do.
 class OwnGradients : public GradReduction {
  public:
-  bool sums_over_ranks() const override { return false; }
+  Comm* summed_over() const override { return nullptr; }
   bool reduces_every_micro_batch() const override { return false; }
   void prepare(bool /*sync*/) override {}
   void finalize() override {}

@@ -70,7 +70,7 @@ class GradSync : public GradReduction {
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
 
-  bool sums_over_ranks() const override { return true; }
+  Comm* summed_over() const override { return &comm_; }
   // Before each micro-batch's backward. `sync` is true only for the last
   // micro-batch of an optimizer step: earlier ones accumulate locally and
   // issue no collective at all (the exact sum folds them into fp64, so

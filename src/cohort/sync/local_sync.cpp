@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <map>
 
 #include "cohort/core/error.hpp"
@@ -15,6 +16,7 @@ namespace {
 constexpr char kMomentum[] = "local.momentum";
 constexpr char kParams[] = "local.params";
 constexpr char kSamples[] = "local.window-samples";
+constexpr char kIsland[] = "local.island";
 
 torch::Tensor find(const NamedTensors& tensors, const std::string& name) {
   for (const auto& [n, t] : tensors) {
@@ -25,7 +27,8 @@ torch::Tensor find(const NamedTensors& tensors, const std::string& name) {
 
 }  // namespace
 
-LocalSync::LocalSync(Comm& comm, torch::nn::Module& module, LocalSyncOptions opts) : comm_(comm), opts_(opts) {
+LocalSync::LocalSync(Comm& inside, Comm& across, torch::nn::Module& module, LocalSyncOptions opts)
+    : inside_(inside), across_(across), opts_(opts) {
   COHORT_CHECK(opts_.every >= 1, ConfigError, "dist.local-steps must be >= 1, got ", opts_.every);
   for (auto& p : module.parameters()) {
     if (p.requires_grad()) params_.push_back(p);
@@ -60,19 +63,42 @@ void LocalSync::outer_step(const torch::Tensor& mean_change) {
   anchor_.sub_(mean_change.add(momentum_, opts_.outer_momentum), opts_.outer_lr);
 }
 
+std::pair<int64_t, int64_t> LocalSync::slice() const {
+  const int64_t n = anchor_.numel(), k = inside_.size();
+  const int64_t per = (n + k - 1) / k;
+  const int64_t lo = std::min(n, per * inside_.rank());
+  return {lo, std::min(n, lo + per)};
+}
+
+int64_t LocalSync::wire_floats() const {
+  auto [lo, hi] = slice();
+  return hi - lo;
+}
+
+torch::Tensor LocalSync::sum_islands(const torch::Tensor& change) {
+  auto [lo, hi] = slice();
+  torch::Tensor mine = change.narrow(0, lo, hi - lo);
+  if (opts_.wire == Compression::kBf16) mine = mine.to(torch::kBFloat16);
+  if (opts_.wire == Compression::kFp16) mine = mine.to(torch::kFloat16);
+  mine = mine.contiguous();
+  across_.all_reduce_sum(mine, "local sync all-reduce");
+  mine = mine.to(torch::kFloat32);
+  if (inside_.size() == 1) return mine;
+  return torch::cat(inside_.all_gather(mine, "local sync island gather"));
+}
+
 bool LocalSync::after_step(int64_t step, int64_t samples, bool force) {
   window_samples_ += static_cast<double>(samples);
   if (step % opts_.every != 0 && !force) return false;
   torch::NoGradGuard no_grad;
-  // Each rank's change, weighted by its share of the window's samples, so
-  // that a rank dealt more (data.balance) counts for more.
-  double total = comm_.all_reduce_sum(std::vector<double>{window_samples_}, "local sync sample count")[0];
+  // Each island's change, weighted by its share of the window's samples, so
+  // that an island dealt more (data.balance, more ranks) counts for more.
+  // Its ranks hold one model; their samples are the island's.
+  const double island = inside_.all_reduce_sum(std::vector<double>{window_samples_}, "island sample count")[0];
+  const double total = across_.all_reduce_sum(std::vector<double>{island}, "local sync sample count")[0];
   torch::Tensor change = anchor_ - flat_params();
-  change.mul_(total > 0 ? window_samples_ / total : 1.0 / comm_.size());
-  if (opts_.wire == Compression::kBf16) change = change.to(torch::kBFloat16);
-  if (opts_.wire == Compression::kFp16) change = change.to(torch::kFloat16);
-  comm_.all_reduce_sum(change, "local sync all-reduce");
-  outer_step(change.to(torch::kFloat32));
+  change.mul_(total > 0 ? island / total : 1.0 / across_.size());
+  outer_step(sum_islands(change));
   set_params(anchor_);
   window_samples_ = 0;
   ++syncs_;
@@ -111,7 +137,8 @@ NamedTensors LocalSync::shared_state() const { return {{kMomentum, momentum_}}; 
 
 NamedTensors LocalSync::own_state() const {
   return {{kParams, stash_.defined() ? stash_ : flat_params()},
-          {kSamples, torch::tensor({window_samples_}, torch::kFloat64)}};
+          {kSamples, torch::tensor({window_samples_}, torch::kFloat64)},
+          {kIsland, torch::tensor({static_cast<int64_t>(across_.rank())}, torch::kInt64)}};
 }
 
 std::string LocalSync::load_state(const NamedTensors& shared, const std::vector<NamedTensors>& by_rank, int rank) {
@@ -132,13 +159,24 @@ std::string LocalSync::load_state(const NamedTensors& shared, const std::vector<
     return check(find(r, kSamples), kSamples, 1, torch::TensorOptions(torch::kFloat64)).item<double>();
   };
   momentum_ = check(find(shared, kMomentum), kMomentum, anchor_.numel(), on_device).clone();
-  if (static_cast<int>(by_rank.size()) == comm_.size()) {
+  // The writer's islands (checkpoints from before islands: one per rank).
+  auto same_islands = [&] {
+    if (static_cast<int>(by_rank.size()) != inside_.size() * across_.size()) return false;
+    for (size_t r = 0; r < by_rank.size(); ++r) {
+      const torch::Tensor t = find(by_rank[r], kIsland);
+      const int64_t theirs = t.defined() ? t.item<int64_t>() : static_cast<int64_t>(r);
+      const int64_t ours = opts_.island_of.empty() ? static_cast<int64_t>(r) : opts_.island_of.at(r);
+      if (theirs != ours) return false;
+    }
+    return true;
+  };
+  if (same_islands()) {
     const auto& mine = by_rank.at(static_cast<size_t>(rank));
     set_params(check(find(mine, kParams), kParams, anchor_.numel(), on_device));
     window_samples_ = samples(mine);
     return "";
   }
-  // Another world size: merge the open window as a sync would have.
+  // Other islands: merge the open window as a sync would have.
   double total = 0;
   for (const auto& r : by_rank) total += samples(r);
   window_samples_ = 0;
@@ -151,7 +189,8 @@ std::string LocalSync::load_state(const NamedTensors& shared, const std::vector<
   outer_step(mean_change);
   set_params(anchor_);
   return strf("local sync: the checkpoint's %zu rank(s) had %.0f samples in an open window; merged by one outer step "
-              "before going on with %d rank(s)", by_rank.size(), total, comm_.size());
+              "before going on with %d rank(s) in %d island(s)", by_rank.size(), total,
+              inside_.size() * across_.size(), across_.size());
 }
 
 }  // namespace cohort

@@ -26,14 +26,17 @@ void zero_gradients(torch::nn::Module& module) {
   }
 }
 
-// Global unit counts per loss term, then the throughput count, known before
-// any backward: from the batch plan, or one small all-reduce. Local steps
-// (a reduction that keeps each rank's own gradients) divide by this rank's
-// own counts, and only the throughput count is global.
+// Unit counts per loss term over the ranks whose gradients the step sums
+// (the world, an island, or this rank alone), then the throughput count over
+// the world, known before any backward: from the batch plan, or small
+// all-reduces.
 std::vector<double> global_units(const StepParts& parts, const StepBatch& batch, int64_t step) {
-  std::vector<double> units = {static_cast<double>(batch.global_samples), static_cast<double>(batch.global_samples)};
-  if (!parts.reduction.sums_over_ranks()) {
-    std::vector<double> local(parts.task.loss_terms() + 1, 0.0);
+  Comm* group = parts.reduction.summed_over();
+  const bool world = group && group->size() == parts.comm.size();
+  const auto global_samples = static_cast<double>(batch.global_samples);
+  std::vector<double> units(parts.task.loss_terms() + 1, global_samples);
+  if (!(world && parts.task.units_are_samples())) {
+    std::vector<double> local(units.size(), 0.0);
     for (size_t m = 0; m < batch.micro.size(); ++m) {
       if (batch.micro[m].empty()) continue;
       Units u = parts.task.units_are_samples() ? Units{} : parts.task.count_units(batch.micro[m]);
@@ -43,27 +46,21 @@ std::vector<double> global_units(const StepParts& parts, const StepBatch& batch,
       }
       local.back() += parts.task.units_are_samples() ? rows : static_cast<double>(u.throughput);
     }
-    local.back() = parts.task.units_are_samples()
-                       ? static_cast<double>(batch.global_samples)
-                       : parts.comm.all_reduce_sum(std::vector<double>{local.back()}, "unit count")[0];
-    for (size_t i = 0; i + 1 < local.size(); ++i) local[i] = std::max(local[i], 1.0);  // a rank dealt nothing
-    return local;
-  }
-  if (!parts.task.units_are_samples()) {
-    std::vector<double> local(parts.task.loss_terms() + 1, 0.0);
-    for (const auto& micro : batch.micro) {
-      if (micro.empty()) continue;
-      Units u = parts.task.count_units(micro);
-      for (size_t i = 0; i < u.per_term.size(); ++i) local[i] += static_cast<double>(u.per_term[i]);
-      local.back() += static_cast<double>(u.throughput);
+    if (world) {
+      units = parts.comm.all_reduce_sum(local, "unit count");
+    } else {
+      units = group ? group->all_reduce_sum(local, "unit count") : local;
+      units.back() = parts.task.units_are_samples()
+                         ? global_samples
+                         : parts.comm.all_reduce_sum(std::vector<double>{local.back()}, "unit count")[0];
     }
-    units = parts.comm.all_reduce_sum(local, "unit count");
   }
   for (size_t i = 0; i + 1 < units.size(); ++i) {
-    // A term with no units in the global batch sums to 0: where the task
-    // allows it (dynamic masking that picked no token of a few short rows),
-    // it adds nothing to the step; elsewhere the data is broken.
-    COHORT_CHECK(units[i] > 0 || parts.task.units_may_be_zero(), Error, "step ", step,
+    // A term with no units in the summed batch adds nothing to the step:
+    // where the task allows it (dynamic masking that picked no token of a few
+    // short rows), or on a rank (island) dealt nothing this step; elsewhere
+    // the data is broken.
+    COHORT_CHECK(units[i] > 0 || parts.task.units_may_be_zero() || !world, Error, "step ", step,
                  ": the global batch has no units for loss term ", i);
     units[i] = std::max(units[i], 1.0);
   }
@@ -76,9 +73,10 @@ std::vector<double> global_units(const StepParts& parts, const StepBatch& batch,
 // so that every rank issues as many sums; the extra rounds are empty.
 size_t reduce_rounds(const StepParts& parts, const StepBatch& batch) {
   if (!parts.reduction.reduces_every_micro_batch()) return batch.micro.size();
-  std::vector<double> counts(parts.comm.size(), 0.0);
-  counts[parts.comm.rank()] = static_cast<double>(batch.micro.size());
-  counts = parts.comm.all_reduce_sum(counts, "micro-batch count");
+  Comm& group = *parts.reduction.summed_over();
+  std::vector<double> counts(group.size(), 0.0);
+  counts[group.rank()] = static_cast<double>(batch.micro.size());
+  counts = group.all_reduce_sum(counts, "micro-batch count");
   return static_cast<size_t>(*std::max_element(counts.begin(), counts.end()));
 }
 

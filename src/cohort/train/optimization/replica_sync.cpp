@@ -8,6 +8,7 @@
 #include "cohort/core/format.hpp"
 #include "cohort/distributed/comm.hpp"
 #include "cohort/sync/grad_sync.hpp"
+#include "cohort/sync/islands.hpp"
 #include "cohort/sync/local_sync.hpp"
 #include "cohort/train/optimization/step_optimizer.hpp"
 
@@ -92,22 +93,41 @@ class EveryStep : public ReplicaSync {
   std::unique_ptr<GradSync> grad_sync_;
 };
 
-// dist.sync = local: each rank steps on its own gradients and the ranks
-// meet in LocalSync every dist.local-steps. Each rank's inner optimizer
-// state is its own, so it is part of this stage's state.
+// dist.sync = local: each island (dist.islands; flat: each rank) steps on
+// its own gradients, summed exactly over its ranks, and the islands meet in
+// LocalSync every dist.local-steps. Each rank's inner optimizer state is
+// its own, so it is part of this stage's state.
 class LocalSteps : public ReplicaSync {
  public:
   LocalSteps(Comm& comm, torch::nn::Module& module, StepOptimizer& optimizer, const Config& cfg)
       : comm_(comm), optimizer_(optimizer.optimizer()), dist_(cfg.dist), optim_(cfg.optim) {
+    // Where every rank runs, for dist.islands = node (auto).
+    std::vector<int> node_of;
+    for (const auto& t : comm.all_gather(torch::tensor({static_cast<int64_t>(comm.world().node_rank)}), "islands")) {
+      node_of.push_back(static_cast<int>(t.item<int64_t>()));
+    }
+    layout_ = plan_islands(comm.elastic() && dist_.islands == "auto" ? "rank" : dist_.islands, node_of);
+    COHORT_CHECK(!comm.elastic() || layout_.ranks_per_island() == 1, ConfigError, "dist.islands '", dist_.islands,
+                 "': an elastic world's members are islands of one rank (membership by island is not built); use "
+                 "auto or rank");
+    COHORT_CHECK(layout_.islands.size() > 1 || comm.size() == 1, ConfigError, "dist.islands '", dist_.islands,
+                 "' makes one island of the whole world, which has nobody to meet: use dist.sync = step");
+    groups_ = form_island_groups(comm, layout_);
+    if (groups_.inside->size() > 1) {
+      GradSyncOptions o = grad_sync_options(cfg.dist, cfg.train.seed);
+      o.compression = Compression::kNone;  // exact inside; dist.grad-compression is the change's dtype between
+      grad_sync_ = std::make_unique<GradSync>(*groups_.inside, module, o);
+    }
     LocalSyncOptions o;
     o.every = cfg.dist.local_steps;
     o.outer_lr = cfg.optim.outer_lr;
     o.outer_momentum = cfg.optim.outer_momentum;
     o.wire = cfg.dist.grad_compression;
-    local_sync_ = std::make_unique<LocalSync>(comm, module, o);
+    for (int r = 0; r < comm.size(); ++r) o.island_of.push_back(layout_.island_of(r));
+    local_sync_ = std::make_unique<LocalSync>(*groups_.inside, *groups_.across, module, o);
   }
 
-  GradReduction& reduction() override { return own_; }
+  GradReduction& reduction() override { return grad_sync_ ? static_cast<GradReduction&>(*grad_sync_) : own_; }
   bool after_step(int64_t step, int64_t samples, bool last) override {
     return local_sync_->after_step(step, samples, last);
   }
@@ -145,11 +165,15 @@ class LocalSteps : public ReplicaSync {
   std::string describe() const override {
     const double mib = 1.0 / (1 << 20);
     const bool half = dist_.grad_compression == Compression::kBf16 || dist_.grad_compression == Compression::kFp16;
-    return strf("cohort: sync local: an outer Nesterov step (lr %g, momentum %g) every %lld step(s), %.2f MiB in %s "
-                "per sync",
-                optim_.outer_lr, optim_.outer_momentum, static_cast<long long>(dist_.local_steps),
-                static_cast<double>(local_sync_->wire_floats()) * (half ? 2 : 4) * mib,
-                half ? name_of(dist_.grad_compression) : "fp32");
+    const char* dtype = half ? name_of(dist_.grad_compression) : "fp32";
+    const double per_rank = static_cast<double>(local_sync_->wire_floats()) * (half ? 2 : 4) * mib;
+    std::string out = strf("cohort: sync local: an outer Nesterov step (lr %g, momentum %g) every %lld step(s), "
+                           "%.2f MiB in %s per sync", optim_.outer_lr, optim_.outer_momentum,
+                           static_cast<long long>(dist_.local_steps), per_rank, dtype);
+    if (layout_.ranks_per_island() == 1) return out;
+    return out + strf(" from each rank; %s, gradients summed exactly inside each, and each island rank sums its "
+                      "1/%d of the change with the other islands'", layout_.describe().c_str(),
+                      layout_.ranks_per_island());
   }
 
  private:
@@ -157,7 +181,10 @@ class LocalSteps : public ReplicaSync {
   torch::optim::Optimizer& optimizer_;
   DistOptions dist_;
   OptimOptions optim_;
-  OwnGradients own_;
+  IslandLayout layout_;
+  IslandGroups groups_;                   // before the parts that use them, destroyed after
+  OwnGradients own_;                      // islands of one rank
+  std::unique_ptr<GradSync> grad_sync_;   // islands of several: the exact sum inside
   std::unique_ptr<LocalSync> local_sync_;
 };
 
