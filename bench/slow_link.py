@@ -21,11 +21,17 @@ batch, constant learning rate, AdamW, clipping, bf16 autocast) with:
                rank is its own island (flat local steps)
   islands-H    Cohort, local steps of H between islands of a host's ranks
                (dist.islands = node: exact inside a host, each island rank
-               sends 1/k of the change); islands-H-bf16 sends it in bf16
+               sends 1/k of the change); suffixes: -fF streams it in F
+               fragments, -dD lands each D steps after it is sent, -bf16 or
+               -int8 its wire form (islands-8-f4-d1-int8)
   ddp          PyTorch DistributedDataParallel (bench/peers/bert_pretrain.py,
                the same network written out in PyTorch, MLM at the masked
                positions as Cohort computes it)
   ddp-powersgd the same with DDP's powerSGD_hook at --rank
+  torchft-H    torchft 0.2.0's DiLoCo (the same peer, --diloco: every rank a
+               replica group of one, a lighthouse in rank 0, Gloo; torchft has
+               no exact sum inside an island, and its int8 path needs a GPU);
+               suffixes: -fF strided fragments, -dD fragment delay, -aA alpha
 
 and prints per method and link: steps per second, bytes on the wire per step
 (host 0's interface counters, both directions, start-up and the final
@@ -198,14 +204,19 @@ def cohort_cmd(args, method, hosts, i, out, steps):
         cmd += ["--dist.grad-compression", "powersgd", "--dist.powersgd-rank", str(args.rank)]
     elif method.startswith("local-"):  # local-H, or local-H-LR-MOMENTUM for the outer step
         parts = method.split("-")
-        cmd += ["--dist.sync", "local", "--dist.local-steps", parts[1]]
+        cmd += ["--dist.sync", "local", "--dist.local-steps", parts[1], "--dist.islands", "rank"]
         if len(parts) == 4:
             cmd += ["--optim.outer-lr", parts[2], "--optim.outer-momentum", parts[3]]
-    elif method.startswith("islands-"):  # islands-H, or islands-H-bf16
+    elif method.startswith("islands-"):  # islands-H[-fF][-dD][-bf16|-int8]
         parts = method.split("-")
         cmd += ["--dist.sync", "local", "--dist.local-steps", parts[1], "--dist.islands", "node"]
-        if len(parts) == 3:
-            cmd += ["--dist.grad-compression", parts[2]]
+        for p in parts[2:]:
+            if p.startswith("f"):
+                cmd += ["--dist.outer-fragments", p[1:]]
+            elif p.startswith("d"):
+                cmd += ["--dist.outer-delay", p[1:]]
+            else:
+                cmd += ["--dist.grad-compression", p]
     return cmd
 
 
@@ -242,7 +253,19 @@ def peer_cmd(args, method, hosts, i, steps):
             "--precision", "bf16", "--data", args.data, "--lr", str(COMMON["lr"]), "--rank", str(i), "--ranks",
             str(ranks), "--master", "%s:29651" % hosts.address(0), "--eval-every", str(args.eval_every),
             "--eval-rows", str(args.eval_rows), "--hook", "powersgd" if method == "ddp-powersgd" else "none",
-            "--powersgd-rank", str(args.rank), "--ids", args.ids]
+            "--powersgd-rank", str(args.rank), "--ids", args.ids] + diloco_args(method)
+
+
+def diloco_args(method):
+    """torchft-H[-fF][-dD][-aA]: the peer's DiLoCo flags; [] for DDP."""
+    if not method.startswith("torchft-"):
+        return []
+    parts = method.split("-")
+    out = ["--diloco", "--sync-every", parts[1]]
+    flags = {"f": "--fragments", "d": "--fragment-delay", "a": "--alpha"}
+    for p in parts[2:]:
+        out += [flags[p[0]], p[1:]]
+    return out
 
 
 def cohort_curve(run_dir):
@@ -263,10 +286,11 @@ def run_method(args, method, hosts, work):
     steps = steps_for(args, method)
     before = hosts.bytes(0)
     procs = []
-    # Cohort: one launcher per host; the DDP peer: one process per rank.
-    for i in range(hosts.n * args.ranks_per_host if method.startswith("ddp") else hosts.n):
-        host = i // args.ranks_per_host if method.startswith("ddp") else i
-        cmd = peer_cmd(args, method, hosts, i, steps) if method.startswith("ddp") else \
+    # Cohort: one launcher per host; the PyTorch peer: one process per rank.
+    peer = method.startswith(("ddp", "torchft"))
+    for i in range(hosts.n * args.ranks_per_host if peer else hosts.n):
+        host = i // args.ranks_per_host if peer else i
+        cmd = peer_cmd(args, method, hosts, i, steps) if peer else \
             cohort_cmd(args, method, hosts, i, out + "-node%d" % i, steps)
         log = open(os.path.join(work, "%s.%d.log" % (method, i)), "w")
         procs.append((subprocess.Popen(hosts.on(host, cmd), stdout=subprocess.PIPE if i == 0 else log, stderr=log,
@@ -278,7 +302,7 @@ def run_method(args, method, hosts, work):
         if p.returncode != 0:
             raise SystemExit("slow_link: %s failed on a host (exit %d): see %s" % (method, p.returncode, work))
     wire = (hosts.bytes(0) - before) / steps
-    if method.startswith("ddp"):
+    if peer:
         curve = [(j["step"], j["train_s"], j["loss"]) for j in map(json.loads, lines.splitlines()) if "train_s" in j]
     else:
         curve = cohort_curve(out + "-node0")

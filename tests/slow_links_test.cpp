@@ -226,36 +226,61 @@ TEST(Islands, TrainAsOneRankEachAndOneStepWindowsAreExactTraining) {
   auto islands = run_cohort(common + outer + " --nproc-per-node 4 --dist.islands 2,2 --dist.local-steps 4 --out " +
                             (tmp / "islands"));
   ASSERT_EQ(islands.code, 0) << islands.err;
+  // The change in int8 (a scale per 4096 values) trains about as fp32 does.
+  auto int8 = run_cohort(common + outer + " --nproc-per-node 4 --dist.islands 2,2 --dist.local-steps 4 "
+                         "--dist.grad-compression int8 --out " + (tmp / "int8"));
+  ASSERT_EQ(int8.code, 0) << int8.err;
+  EXPECT_NE(int8.out.find("MiB in int8 per sync"), std::string::npos) << int8.out;
   auto flat = run_cohort(common + outer + " --nproc-per-node 2 --dist.local-steps 4 --out " + (tmp / "flat"));
   ASSERT_EQ(flat.code, 0) << flat.err;
   auto c = cohort::test::train_losses(tmp / "islands"), d = cohort::test::train_losses(tmp / "flat");
   ASSERT_EQ(c.size(), 12u);
   ASSERT_EQ(d.size(), 12u);
   for (size_t i = 0; i < c.size(); ++i) EXPECT_NEAR(c[i], d[i], 1e-5 * std::abs(d[i])) << "step " << i + 1;
+  auto q = cohort::test::train_losses(tmp / "int8");
+  ASSERT_EQ(q.size(), 12u);
+  for (size_t i = 0; i < q.size(); ++i) EXPECT_NEAR(q[i], c[i], 2e-2 * std::abs(c[i])) << "step " << i + 1;
+  EXPECT_NE(q[11], c[11]) << "int8 rounds the change";
   EXPECT_GT(std::abs(c[5] - a[5]), 1e-6) << "4-step windows drift apart between syncs: not exact training";
 }
 
 // A checkpoint in the middle of a window resumes bit for bit with the same
-// islands; regrouped (flat local steps on the same 4 ranks), the open
-// window is merged and the run goes on.
-TEST(Islands, ResumeMidWindowIsBitIdentical) {
+// islands, streamed with a fragment's sum in flight too (fragments of 4
+// steps' windows close after steps 2 and 4 mod 4; the one closed at step 10
+// lands after step 11, so the checkpoint at 10 holds it); regrouped (flat
+// local steps on the same 4 ranks), the open windows are merged and the run
+// goes on.
+class IslandsResume : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(IslandsResume, MidWindowIsBitIdentical) {
   TempDir tmp;
   cohort::test::write_tiny_dataset(tmp, 40);
   std::string run = tmp / "run";
   auto full = run_cohort("train" + kSlowTiny + "--model.dropout 0.1 --data.global-batch 8 --nproc-per-node 4 "
-                         "--oversubscribe --ckpt.every-steps 9 --ckpt.keep 5 --train.max-steps 20 --dist.sync local "
+                         "--oversubscribe --ckpt.every-steps 5 --ckpt.keep 5 --train.max-steps 20 --dist.sync local "
                          "--dist.local-steps 4 --optim.outer-momentum 0.5 --dist.islands 2 --data.path " + tmp.path() +
-                         " --out " + run);
+                         " --out " + run + " " + GetParam());
   ASSERT_EQ(full.code, 0) << full.err;
   std::string uninterrupted = model_bytes(run + "/checkpoints/step-20");
-  auto again = run_cohort("train --resume " + run + "/checkpoints/step-9 --quiet");
+  const bool streamed = std::string(GetParam()).find("delay") != std::string::npos;
+  EXPECT_EQ(cohort::test::read_file(run + "/checkpoints/step-10/rng.safetensors").find("sync.local.in-flight") !=
+                std::string::npos, streamed) << "a fragment's sum is in flight at step 10 when streamed, only then";
+  auto again = run_cohort("train --resume " + run + "/checkpoints/step-10 --quiet");
   ASSERT_EQ(again.code, 0) << again.err;
-  EXPECT_EQ(model_bytes(run + "/checkpoints/step-20"), uninterrupted);
-  auto regrouped = run_cohort("train --resume " + run + "/checkpoints/step-9 --dist.islands rank --train.max-steps 12");
+  EXPECT_TRUE(model_bytes(run + "/checkpoints/step-20") == uninterrupted) << "the resumed run's model differs";
+  auto regrouped = run_cohort("train --resume " + run + "/checkpoints/step-10 --dist.islands rank --train.max-steps 12");
   ASSERT_EQ(regrouped.code, 0) << regrouped.err;
-  EXPECT_NE(regrouped.out.find("had 8 samples in an open window; merged by one outer step before going on with 4 "
-                               "rank(s) in 4 island(s)"), std::string::npos) << regrouped.out;
+  EXPECT_NE(regrouped.out.find("in an open window; merged by one outer step before going on with 4 rank(s) in 4 "
+                               "island(s)"), std::string::npos) << regrouped.out;
 }
+
+INSTANTIATE_TEST_SUITE_P(Syncs, IslandsResume,
+                         ::testing::Values("", "--dist.outer-fragments 2 --dist.outer-delay 1 --optim.outer-mix 0.5",
+                                           "--dist.outer-fragments 2 --dist.outer-delay 1 --dist.grad-compression int8"),
+                         [](const auto& info) {
+                           return std::string(info.index == 0 ? "Blocking" : info.index == 1 ? "Streamed"
+                                                                                             : "StreamedInt8");
+                         });
 
 TEST(Islands, LayoutsTheWorldCannotHoldAreConfigErrors) {
   TempDir tmp;
@@ -269,7 +294,12 @@ TEST(Islands, LayoutsTheWorldCannotHoldAreConfigErrors) {
            {" --nproc-per-node 3 --dist.islands 2", "dist.islands '2' does not divide the world's 3 rank(s)"},
            {" --nproc-per-node 3 --dist.islands 2,1", "islands of different sizes"},
            {" --nproc-per-node 2 --dist.islands 2", "makes one island of the whole world"},
-           {" --nproc-per-node 2 --dist.islands two", "dist.islands: 'two' must be auto, node, rank, or island sizes"}}) {
+           {" --nproc-per-node 2 --dist.islands two", "dist.islands: 'two' must be auto, node, rank, or island sizes"},
+           {" --nproc-per-node 2 --dist.local-steps 4 --dist.outer-fragments 3", "dist.outer-fragments must be >= 1 "
+            "and divide dist.local-steps (4)"},
+           {" --nproc-per-node 2 --dist.local-steps 4 --dist.outer-fragments 2 --dist.outer-delay 2",
+            "dist.outer-delay must be >= 0 and below dist.local-steps / dist.outer-fragments (2)"},
+           {" --nproc-per-node 2 --optim.outer-mix 0.3", "optim.outer-mix"}}) {
     auto r = run_cohort(common + c.args + " --out " + (tmp / "run"));
     EXPECT_EQ(r.code, 2) << c.args << "\n" << r.err;
     EXPECT_NE(r.err.find(c.error), std::string::npos) << c.args << "\n" << r.err;
@@ -278,6 +308,9 @@ TEST(Islands, LayoutsTheWorldCannotHoldAreConfigErrors) {
   auto step = run_cohort("train --model.name mlp --dist.islands node --out /nonexistent");
   EXPECT_EQ(step.code, 2) << step.err;
   EXPECT_NE(step.err.find("dist.islands"), std::string::npos) << step.err;
+  auto int8 = run_cohort("train --model.name mlp --dist.grad-compression int8 --out /nonexistent");
+  EXPECT_EQ(int8.code, 2) << int8.err;
+  EXPECT_NE(int8.err.find("a gradient sum in int8 would wrap"), std::string::npos) << int8.err;
 }
 
 TEST(LocalSync, PowerSgdWithLocalStepsIsAConfigError) {

@@ -31,17 +31,38 @@ steps (the same sums Cohort's eval loss is: MLM loss per prediction plus NSP
 loss per sample) and prints a JSON line per evaluation:
 {"step": S, "train_s": seconds of training so far, "loss": ...}.
 
+--diloco trains with torchft's DiLoCo instead of DDP (pip install torchft==0.2.0):
+each rank is a replica group of one process (replica_id "replica<R>", its
+own TCPStore at --store-port + R), the inner optimizer AdamW on its own
+batches, and every --sync-every H steps the pseudo-gradient (the change
+since the last sync) averaged over torchft's ProcessGroupGloo and applied by
+an outer SGD (--outer-lr, --outer-momentum: Nesterov when > 0). --fragments F
+> 1 is Streaming DiLoCo: F strided groups of the encoder layers (fragment i:
+layers i, i+F, ...; the embeddings and heads go with fragment 0), one synced
+every H/F steps, each sent --fragment-delay D steps before it is applied and
+merged with the local weights by --alpha (torchft's fragment_update_alpha).
+Rank 0 runs the lighthouse on --lighthouse-port (default --master's port +
+1) unless --lighthouse gives one; Gloo takes its interface from
+GLOO_SOCKET_IFNAME, and the stores and managers advertise that interface's
+address (else the address that reaches --master). Each rank prints
+{"rank": R, "diloco_syncs": ..., "commit_failures": ...} to stderr at the end.
+
 Usage: bench/peers/bert_pretrain.py --hidden 256 --layers 4 --heads 4 --seq 128 \
            --batch 16 --precision bf16 --threads 2 [--ranks 2] [--data DIR] [--model hf|mirror]
        bench/peers/bert_pretrain.py --model mirror --mlm masked --rank R --ranks N --master 10.1.0.1:29500 \
            --data DIR --hook powersgd --eval-every 20 --eval-rows 512 --steps 200
+       bench/peers/bert_pretrain.py --model mirror --mlm masked --rank R --ranks N --master 10.1.0.1:29500 \
+           --data DIR --diloco --sync-every 8 [--fragments 2 --fragment-delay 1 --alpha 0.5] --steps 200
 """
 import argparse
 import glob
 import json
 import math
 import os
+import socket
+import sys
 import time
+from datetime import timedelta
 
 import numpy as np
 
@@ -228,9 +249,91 @@ def evaluate(model, batches):
     return mlm / preds + nsp / samples
 
 
+def own_address(master_host):
+    """The IPv4 address others reach this process at: GLOO_SOCKET_IFNAME's
+    (the interface Gloo uses), else the one this host reaches master_host from."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        ifname = os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0]
+        if ifname:
+            import fcntl
+            import struct
+            req = struct.pack("256s", ifname[:15].encode())
+            return socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24])  # SIOCGIFADDR
+        s.connect((master_host, 9))
+        return s.getsockname()[0]
+    finally:
+        s.close()
+
+
+def model_fragments(model, n):
+    """Streaming DiLoCo's fragments: fragment i holds encoder layers i, i+n,
+    ...; fragment 0 also the embeddings, the heads and the decoder bias."""
+    if n <= 1:
+        return [model]
+    if len(model.layers) < n:
+        raise SystemExit("--fragments %d > %d layers" % (n, len(model.layers)))
+    frags = [nn.ModuleList(list(model.layers)[i::n]) for i in range(n)]
+    rest = nn.ModuleList([m for name, m in model.named_children() if name != "layers"])
+    frags[0] = nn.ModuleList([rest, frags[0], nn.ParameterList([model.bias])])
+    ids = [id(p) for f in frags for p in f.parameters()]
+    assert sorted(ids) == sorted(id(p) for p in model.parameters()), "fragments must cover every parameter once"
+    return frags
+
+
+def diloco_setup(args, rank, model, opt):
+    """torchft's DiLoCo over this rank's replica group of one process: its
+    TCPStore, a Manager (rank 0 first starts the lighthouse) on a
+    ProcessGroupGloo across the replicas. Returns (manager, diloco, lighthouse)."""
+    from torchft import Manager, ProcessGroupGloo
+    from torchft.local_sgd import DiLoCo
+    from torch.distributed import TCPStore
+    host, _, port = (args.master or "127.0.0.1:%d" % args.port).rpartition(":")
+    me = own_address(host)
+    lh_port = args.lighthouse_port or int(port) + 1
+    lighthouse = None
+    if args.lighthouse:
+        lh_addr = args.lighthouse
+    else:
+        lh_addr = "http://%s:%d" % (host, lh_port)
+        if rank == 0:
+            from torchft.coordination import LighthouseServer
+            # min_replicas = every rank: a sync waits for all of them, as DDP does
+            lighthouse = LighthouseServer(bind="[::]:%d" % lh_port, min_replicas=args.ranks, join_timeout_ms=100,
+                                          quorum_tick_ms=10)
+        else:  # wait for rank 0's lighthouse to listen
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    socket.create_connection((host, lh_port), timeout=5).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+    store_port = (args.store_port or int(port) + 2) + rank
+    store = TCPStore(host_name=me, port=store_port, is_master=True, wait_for_workers=False)
+    long = timedelta(seconds=args.diloco_timeout)
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=long),
+        load_state_dict=lambda sd: (model.load_state_dict(sd["model"]), opt.load_state_dict(sd["optim"])),
+        state_dict=lambda: {"model": model.state_dict(), "optim": opt.state_dict()},
+        min_replica_size=args.ranks, use_async_quorum=False, timeout=long, quorum_timeout=long,
+        connect_timeout=timedelta(seconds=120), rank=0, world_size=1, store_addr=me, store_port=store_port,
+        lighthouse_addr=lh_addr, replica_id="replica%d" % rank, hostname=me,
+        init_sync=False)  # every rank starts from the same weights (torch.manual_seed(1))
+    manager._cohort_store = store  # keep the store's server alive with the manager
+    frags = model_fragments(model, args.fragments)
+    outer = [torch.optim.SGD(f.parameters(), lr=args.outer_lr, momentum=args.outer_momentum,
+                             nesterov=args.outer_momentum > 0) for f in frags]
+    diloco = DiLoCo(manager, frags, opt, outer, sync_every=args.sync_every, fragment_sync_delay=args.fragment_delay,
+                    fragment_update_alpha=args.alpha)
+    return manager, diloco, lighthouse
+
+
 def worker(rank, args, out):
     torch.set_num_threads(args.threads)
-    if args.ranks > 1:
+    if args.ranks > 1 and not args.diloco:
         host, _, port = (args.master or "127.0.0.1:%d" % args.port).rpartition(":")
         os.environ["MASTER_ADDR"] = host
         os.environ["MASTER_PORT"] = port
@@ -247,7 +350,7 @@ def worker(rank, args, out):
     model.to(dev)
     model.train()
     plain = model
-    if args.ranks > 1:
+    if args.ranks > 1 and not args.diloco:
         if args.hook == "powersgd":
             # On Gloo, powerSGD_hook with several buckets issues the P and Q
             # all-reduces of different buckets from different threads, in an
@@ -274,6 +377,10 @@ def worker(rank, args, out):
         opt = torch.optim.SGD(groups, lr=args.lr)
     else:
         opt = torch.optim.AdamW(groups, lr=args.lr, eps=1e-6)
+    manager = diloco = lighthouse = None
+    if args.diloco:
+        manager, diloco, lighthouse = diloco_setup(args, rank, model, opt)
+        diloco.__enter__()  # its hooks on opt.step(): the inner step, then the outer sync every H / F steps
     batches = shard_batches(args, rank) if args.data else synthetic_batches(args, rank)
     times, tokens = [], []
     for step in range(1, args.steps + 1):
@@ -301,7 +408,14 @@ def worker(rank, args, out):
     # every rank's real tokens (ranks hold different rows) over rank 0's time.
     k = args.steps // 4
     real = torch.tensor([float(sum(tokens[k:]))], dtype=torch.float64)
-    if args.ranks > 1:
+    if diloco is not None:
+        diloco.__exit__(None, None, None)
+        if manager._quorum_future is None:  # no sync yet (every rank alike): a quorum for the sum
+            manager.start_quorum()
+        manager.allreduce(real, reduce_op=dist.ReduceOp.SUM).wait()  # also all ranks' last collective
+        print(json.dumps({"rank": rank, "diloco_syncs": manager.current_step(),
+                          "commit_failures": manager._commit_failures}), file=sys.stderr, flush=True)
+    elif args.ranks > 1:
         dist.all_reduce(real)
     if rank == 0:
         step_s = sorted(times[k:])[len(times[k:]) // 2]
@@ -309,7 +423,11 @@ def worker(rank, args, out):
         out.put({"ranks": args.ranks, "step_ms": step_s * 1e3, "tokens_per_s": rate,
                  "samples_per_s": args.batch * args.ranks * len(times[k:]) / sum(times[k:]),
                  "torch": torch.__version__, "model": args.model})
-    if args.ranks > 1:
+    if diloco is not None:
+        manager.shutdown(wait=False)
+        if lighthouse is not None:
+            lighthouse.shutdown()
+    elif args.ranks > 1:
         dist.destroy_process_group()
 
 
@@ -345,7 +463,22 @@ def main():
                     "use DDP's gradient_as_bucket_view (one copy of the gradients)")
     ap.add_argument("--report-memory", action="store_true", help="each rank prints its peak RSS after the steps")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="one rank only on cuda")
+    ap.add_argument("--diloco", action="store_true", help="torchft DiLoCo across the ranks instead of DDP")
+    ap.add_argument("--sync-every", type=int, default=8, help="--diloco: H inner steps per outer sync")
+    ap.add_argument("--fragments", type=int, default=1, help="--diloco: F streamed fragments (Streaming DiLoCo)")
+    ap.add_argument("--fragment-delay", type=int, default=0, help="--diloco: steps a fragment's sync overlaps")
+    ap.add_argument("--alpha", type=float, default=0.0, help="--diloco: fragment_update_alpha (0: the global weights)")
+    ap.add_argument("--outer-lr", type=float, default=1.0, help="--diloco: the outer SGD's lr")
+    ap.add_argument("--outer-momentum", type=float, default=0.0, help="--diloco: its Nesterov momentum (0: none)")
+    ap.add_argument("--lighthouse", default="", help="--diloco: http://ADDR:PORT of a running torchft lighthouse; "
+                    "default: rank 0 runs one on --lighthouse-port")
+    ap.add_argument("--lighthouse-port", type=int, default=0, help="--diloco: default --master's port + 1")
+    ap.add_argument("--store-port", type=int, default=0,
+                    help="--diloco: rank R's TCPStore listens on this + R (default --master's port + 2)")
+    ap.add_argument("--diloco-timeout", type=int, default=600, help="--diloco: seconds for quorums and collectives")
     args = ap.parse_args()
+    if args.diloco and (args.optimizer == "zero" or args.hook != "none" or args.fragments > 1 and args.model != "mirror"):
+        ap.error("--diloco takes no --optimizer zero nor --hook, and --fragments > 1 takes --model mirror")
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
     if args.rank >= 0:

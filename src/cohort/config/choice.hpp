@@ -19,7 +19,7 @@ enum class DeviceKind { kAuto, kCpu, kCuda };              // train.device
 enum class Precision { kFp32, kBf16, kFp16, kAuto };   // train.precision
 enum class OptimizerKind { kAdamW, kLamb, kSgd };          // optim.name
 enum class Schedule { kConstant, kLinear, kCosine, kPoly };  // optim.schedule
-enum class Compression { kNone, kFp32, kBf16, kFp16, kPowerSgd };  // dist.grad-compression
+enum class Compression { kNone, kFp32, kBf16, kFp16, kPowerSgd, kInt8 };  // dist.grad-compression
 enum class SyncMode { kStep, kLocal };                 // dist.sync
 enum class ShardMode { kNone, kOptimizer, kGradients };  // dist.shard
 enum class BackendKind { kAuto, kNccl, kGloo };        // dist.backend
@@ -54,11 +54,12 @@ struct Choices<Schedule> {
 };
 template <>
 struct Choices<Compression> {
-  static constexpr std::array<std::pair<Compression, const char*>, 5> table{{{Compression::kNone, "none"},
+  static constexpr std::array<std::pair<Compression, const char*>, 6> table{{{Compression::kNone, "none"},
                                                                              {Compression::kFp32, "fp32"},
                                                                              {Compression::kBf16, "bf16"},
                                                                              {Compression::kFp16, "fp16"},
-                                                                             {Compression::kPowerSgd, "powersgd"}}};
+                                                                             {Compression::kPowerSgd, "powersgd"},
+                                                                             {Compression::kInt8, "int8"}}};
 };
 template <>
 struct Choices<SyncMode> {

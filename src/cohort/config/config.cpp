@@ -241,6 +241,9 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
        "to the ranks' averaged parameter change");
   bind("optim.outer-momentum", c.optim.outer_momentum, "dist.sync = local: momentum of the outer Nesterov step (0: "
        "plain averaging; DiLoCo's lr 0.7 and momentum 0.9 suit hundreds of local steps)");
+  bind("optim.outer-mix", c.optim.outer_mix, "dist.outer-delay > 0: when a fragment's sum lands, the fragment "
+       "becomes mix * this rank's parameters + (1 - mix) * the outer step's (Streaming DiLoCo's alpha; 0 drops the "
+       "steps taken while the sum travelled)");
 
   bind("eval.every-steps", c.eval.every_steps, "evaluate every N steps; 0 = at the end of each epoch");
   bind("eval.split", c.eval.split, "split to evaluate on");
@@ -267,12 +270,18 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("dist.grad-compression", c.dist.grad_compression, "gradients on the wire: none = exact (the micro-batches' "
        "gradients summed in fp64, so the sum does not depend on its order: the same at any world size), fp32 (half "
        "none's traffic; the rounding then follows the world size), bf16, fp16, or powersgd (each matrix as a rank-r "
-       "product, with error feedback); local sync: the parameter change's dtype (none = fp32)");
+       "product, with error feedback); local sync: the parameter change's dtype (none = fp32; int8 = one byte a value "
+       "and an fp32 scale per 4096, gathered and added in fp32)");
   bind("dist.powersgd-rank", c.dist.powersgd_rank, "powersgd: rank of each gradient matrix's approximation");
   bind("dist.sync", c.dist.sync, "step: gradients summed exactly every step (the loss per step does not depend on "
        "the world size); local: each rank steps alone for dist.local-steps, then the ranks average the parameter "
        "change and apply an outer Nesterov step (DiLoCo: far less traffic, for slow links)", fixed);
   bind("dist.local-steps", c.dist.local_steps, "dist.sync = local: inner optimizer steps between syncs");
+  bind("dist.outer-fragments", c.dist.outer_fragments, "dist.sync = local: the parameter change is sent in this many "
+       "fragments, one every dist.local-steps / N steps, each still every dist.local-steps (Streaming DiLoCo: N times "
+       "smaller sums); must divide dist.local-steps");
+  bind("dist.outer-delay", c.dist.outer_delay, "dist.sync = local: inner steps a fragment's sum travels while training "
+       "goes on before it is applied (0: each sum blocks); below dist.local-steps / dist.outer-fragments");
   bind("dist.islands", c.dist.islands, "dist.sync = local: ranks that train one model exactly together (gradients "
        "summed every step) and meet the other islands in the outer sync: node = one island per node, rank = every "
        "rank its own (flat local steps), sizes = consecutive ranks (e.g. 2, or 2,2); auto = node when there are "
@@ -892,6 +901,17 @@ const std::vector<InertRule>& inert_rules() {
       {"dist.islands", [](const Config& c) { return c.dist.sync == SyncMode::kStep && c.dist.islands != dist.islands; },
        [](Config& c) { c.dist.islands = dist.islands; },
        [](const Config& c) { return c.dist.islands; }, every_step},
+      {"dist.outer-fragments", [](const Config& c) { return c.dist.sync == SyncMode::kStep && c.dist.outer_fragments != dist.outer_fragments; },
+       [](Config& c) { c.dist.outer_fragments = dist.outer_fragments; },
+       [](const Config& c) { return std::to_string(c.dist.outer_fragments); }, every_step},
+      {"dist.outer-delay", [](const Config& c) { return c.dist.sync == SyncMode::kStep && c.dist.outer_delay != dist.outer_delay; },
+       [](Config& c) { c.dist.outer_delay = dist.outer_delay; },
+       [](const Config& c) { return std::to_string(c.dist.outer_delay); }, every_step},
+      {"optim.outer-mix", [](const Config& c) { return c.dist.outer_delay == 0 && c.optim.outer_mix != optim.outer_mix; },
+       [](Config& c) { c.optim.outer_mix = optim.outer_mix; },
+       [](const Config& c) { return detail::cat(c.optim.outer_mix); },
+       "applies when a fragment's sum lands after dist.outer-delay steps; with delay 0 it lands at once: set "
+       "dist.outer-delay, or drop the key"},
   };
   return rules;
 }
@@ -1005,6 +1025,17 @@ void validate(const Config& c) {
   require(c.dist.powersgd_rank >= 1 && c.dist.powersgd_rank <= 1024, "dist.powersgd-rank", c.dist.powersgd_rank,
           "must be in [1, 1024]");
   require(c.dist.local_steps >= 1, "dist.local-steps", c.dist.local_steps, "must be >= 1");
+  require(c.dist.outer_fragments >= 1 && c.dist.local_steps % c.dist.outer_fragments == 0, "dist.outer-fragments",
+          c.dist.outer_fragments, detail::cat("must be >= 1 and divide dist.local-steps (", c.dist.local_steps, ")").c_str());
+  require(c.dist.outer_delay >= 0 && c.dist.outer_delay < c.dist.local_steps / std::max<int64_t>(1, c.dist.outer_fragments),
+          "dist.outer-delay", c.dist.outer_delay,
+          detail::cat("must be >= 0 and below dist.local-steps / dist.outer-fragments (",
+                      c.dist.local_steps / std::max<int64_t>(1, c.dist.outer_fragments),
+                      "): one fragment travels at a time").c_str());
+  require(c.optim.outer_mix >= 0 && c.optim.outer_mix <= 1, "optim.outer-mix", c.optim.outer_mix, "must be in [0, 1]");
+  require(c.dist.sync == SyncMode::kLocal || c.dist.grad_compression != Compression::kInt8, "dist.grad-compression",
+          "int8", "quantizes the outer sync's parameter change (dist.sync = local), gathered and added in fp32; a "
+          "gradient sum in int8 would wrap: use bf16 or powersgd for dist.sync = step");
   require(c.dist.sync == SyncMode::kStep || c.dist.grad_compression != Compression::kPowerSgd,
           "dist.grad-compression", "powersgd", "compresses the gradient all-reduce, which dist.sync = local does "
           "not have: use none or bf16 for the parameter change");

@@ -73,6 +73,7 @@ struct OptimOptions {
   double clip_norm = 0.0;      // 0: no clipping
   double outer_lr = 1.0;        // dist.sync = local: the outer Nesterov step's learning rate
   double outer_momentum = 0.0;  // dist.sync = local: its momentum (DiLoCo's 0.7 and 0.9 suit hundreds of local steps)
+  double outer_mix = 0.5;       // dist.outer-delay > 0: the local parameters' weight when a fragment lands
 };
 
 struct EvalOptions {
@@ -107,6 +108,8 @@ struct DistOptions {
   SyncMode sync = SyncMode::kStep;    // step: exact all-reduce every step; local: DiLoCo-style
   int64_t local_steps = 8;            // local: inner steps between outer syncs
   std::string islands = "auto";       // local: ranks that step exactly together (auto, node, rank, sizes "2,2")
+  int64_t outer_fragments = 1;        // local: the change sent in fragments, one every local-steps / fragments
+  int64_t outer_delay = 0;            // local: steps a fragment's sum travels while training goes on
   BackendKind backend = BackendKind::kAuto;  // CUDA tensors: auto = NCCL when built with it
   ShardMode shard = ShardMode::kNone;  // optimizer state (and gradients) split over ranks
   std::string shard_weights = "auto";  // "auto" (free memory) or one weight per rank: "2,1"

@@ -289,7 +289,9 @@ struct Comm::Impl {
     std::string stale;
     try {
       std::vector<int> ranks = members;
-      for (int r = 0; ranks.empty() && r < spec.world_size; ++r) ranks.push_back(r);
+      if (ranks.empty()) {
+        for (int r = 0; r < spec.world_size; ++r) ranks.push_back(r);
+      }
       c10d::Store& beats = beats_store ? *beats_store : *store;
       auto read_beats = [&] {
         std::map<int, std::string> seen;
@@ -552,12 +554,12 @@ std::unique_ptr<Comm> Comm::split(const std::vector<int>& members, const std::st
   auto at = std::find(members.begin(), members.end(), rank());
   COHORT_CHECK(at != members.end(), Error, "rank ", rank(), ": splitting group '", name,
                "' whose members do not include this rank");
-  COHORT_CHECK(!link_, Error, "rank ", rank(), ": an elastic world's groups cannot be split (group '", name, "')");
   std::unique_ptr<Comm> c(new Comm());
   c->world_ = world_;
   c->world_.rank = static_cast<int>(at - members.begin());
   c->world_.world_size = static_cast<int>(members.size());
   if (members.size() == 1 || !impl_) return c;  // a group of one: no network
+  COHORT_CHECK(!link_, Error, "rank ", rank(), ": an elastic world's groups cannot be split (group '", name, "')");
   auto impl = std::make_unique<Impl>();
   impl->spec = impl_->spec;  // the world's: errors and heartbeats name global ranks
   impl->opts = impl_->opts;
@@ -646,6 +648,20 @@ std::vector<torch::Tensor> Comm::all_gather_fixed(const torch::Tensor& t, const 
     for (auto& o : out[0]) o = o.to(t.device());
   }
   return out[0];
+}
+
+std::function<std::vector<torch::Tensor>()> Comm::all_gather_async(const torch::Tensor& t, const char* what) {
+  if (!impl_) return [t] { return std::vector<torch::Tensor>{t}; };
+  auto out = std::make_shared<std::vector<std::vector<torch::Tensor>>>(1);
+  torch::Tensor in = t.to(torch::kCPU).contiguous();
+  for (int r = 0; r < size(); ++r) (*out)[0].push_back(torch::empty_like(in));
+  std::vector<torch::Tensor> inputs{in};
+  auto work = impl_->pg->allgather(*out, inputs);
+  Impl* impl = impl_.get();
+  return [impl, work, what, out, in] {
+    impl->wait(what, work);
+    return (*out)[0];
+  };
 }
 
 void Comm::barrier(const char* what) {

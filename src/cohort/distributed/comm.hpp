@@ -113,6 +113,11 @@ class Comm {
   void broadcast_bytes(std::string& bytes, int root = 0, const char* what = "broadcast");
   // Every rank's tensor, in rank order. First dimensions may differ.
   std::vector<torch::Tensor> all_gather(const torch::Tensor& t, const char* what = "all_gather");
+  // Starts gathering every rank's tensor (the same shape and dtype on every
+  // rank); the returned function waits for them, on the host in rank order,
+  // and throws DistError like the blocking form.
+  std::function<std::vector<torch::Tensor>()> all_gather_async(const torch::Tensor& t,
+                                                               const char* what = "all_gather");
   void barrier(const char* what = "barrier");
   // Checks that every rank holds the same `values`; throws DistError naming
   // each disagreeing rank, the field and both values.

@@ -347,6 +347,8 @@ std::unique_ptr<BucketReducer> make_bucket_reducer(Comm& comm, GradBuckets& buck
                  "dist.shard = gradients cannot take PowerSGD: its products need each rank's whole gradient");
     return std::make_unique<ReduceToOwner>(comm, buckets, o.compression, *o.sink);
   }
+  COHORT_CHECK(o.compression != Compression::kInt8, ConfigError,
+               "dist.grad-compression int8 quantizes the outer sync's change only (dist.sync = local)");
   switch (o.compression) {
     case Compression::kNone: return std::make_unique<ExactSum>(comm, buckets);
     case Compression::kPowerSgd: return std::make_unique<PowerSgdSum>(comm, buckets, o.powersgd_rank, o.seed);

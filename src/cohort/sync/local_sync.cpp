@@ -15,8 +15,39 @@ namespace {
 
 constexpr char kMomentum[] = "local.momentum";
 constexpr char kParams[] = "local.params";
-constexpr char kSamples[] = "local.window-samples";
+constexpr char kSamples[] = "local.window-samples";  // one per fragment
 constexpr char kIsland[] = "local.island";
+constexpr char kInFlight[] = "local.in-flight";                   // fragment, due step, delayed
+constexpr char kInFlightSent[] = "local.in-flight.sent";          // this rank's weighted slice
+constexpr char kInFlightSamples[] = "local.in-flight.samples";    // this rank's, its island's
+
+// int8 on the wire: each block of this many values as one byte each, with
+// an fp32 scale (its largest magnitude / 127) in front of the payload.
+constexpr int64_t kInt8Block = 4096;
+
+int64_t int8_bytes(int64_t n) { return (n + kInt8Block - 1) / kInt8Block * 4 + n; }
+
+// x (fp32, n values) as [scales as bytes][one int8 per value], uint8.
+torch::Tensor quantize(const torch::Tensor& x) {
+  const int64_t n = x.numel(), blocks = (n + kInt8Block - 1) / kInt8Block;
+  torch::Tensor padded = torch::zeros({blocks * kInt8Block}, x.options());
+  padded.narrow(0, 0, n).copy_(x);
+  torch::Tensor rows = padded.view({blocks, kInt8Block});
+  torch::Tensor scale = std::get<0>(rows.abs().max(1)).div_(127.0);
+  scale.masked_fill_(scale == 0, 1.0f);
+  torch::Tensor q = rows.div(scale.unsqueeze(1)).round_().clamp_(-127, 127).to(torch::kInt8).reshape({-1});
+  return torch::cat({scale.contiguous().view(torch::kUInt8), q.narrow(0, 0, n).view(torch::kUInt8)});
+}
+
+// The n fp32 values quantize() packed into `bytes`.
+torch::Tensor dequantize(const torch::Tensor& bytes, int64_t n) {
+  const int64_t blocks = (n + kInt8Block - 1) / kInt8Block;
+  torch::Tensor scale = bytes.narrow(0, 0, blocks * 4).contiguous().view(torch::kFloat32);
+  torch::Tensor q = bytes.narrow(0, blocks * 4, n).contiguous().view(torch::kInt8).to(torch::kFloat32);
+  torch::Tensor padded = torch::zeros({blocks * kInt8Block});
+  padded.narrow(0, 0, n).copy_(q);
+  return padded.view({blocks, kInt8Block}).mul_(scale.unsqueeze(1)).reshape({-1}).narrow(0, 0, n);
+}
 
 torch::Tensor find(const NamedTensors& tensors, const std::string& name) {
   for (const auto& [n, t] : tensors) {
@@ -30,6 +61,11 @@ torch::Tensor find(const NamedTensors& tensors, const std::string& name) {
 LocalSync::LocalSync(Comm& inside, Comm& across, torch::nn::Module& module, LocalSyncOptions opts)
     : inside_(inside), across_(across), opts_(opts) {
   COHORT_CHECK(opts_.every >= 1, ConfigError, "dist.local-steps must be >= 1, got ", opts_.every);
+  COHORT_CHECK(opts_.fragments >= 1 && opts_.every % opts_.fragments == 0, ConfigError, "dist.outer-fragments ",
+               opts_.fragments, " must divide dist.local-steps ", opts_.every);
+  COHORT_CHECK(opts_.delay >= 0 && opts_.delay < opts_.every / opts_.fragments, ConfigError, "dist.outer-delay ",
+               opts_.delay, " must be below dist.local-steps / dist.outer-fragments = ",
+               opts_.every / opts_.fragments, " (one fragment in flight at a time)");
   for (auto& p : module.parameters()) {
     if (p.requires_grad()) params_.push_back(p);
   }
@@ -38,6 +74,7 @@ LocalSync::LocalSync(Comm& inside, Comm& across, torch::nn::Module& module, Loca
   }
   anchor_ = flat_params();
   momentum_ = torch::zeros_like(anchor_);
+  samples_.assign(static_cast<size_t>(opts_.fragments), 0.0);
 }
 
 torch::Tensor LocalSync::flat_params() const {
@@ -56,53 +93,140 @@ void LocalSync::set_params(const torch::Tensor& flat) {
   }
 }
 
-// anchor -= lr * (change + momentum * buf), buf = momentum * buf + change
-// (torch.optim.SGD's Nesterov form), on every rank alike.
-void LocalSync::outer_step(const torch::Tensor& mean_change) {
-  momentum_.mul_(opts_.outer_momentum).add_(mean_change);
-  anchor_.sub_(mean_change.add(momentum_, opts_.outer_momentum), opts_.outer_lr);
-}
-
-std::pair<int64_t, int64_t> LocalSync::slice() const {
-  const int64_t n = anchor_.numel(), k = inside_.size();
-  const int64_t per = (n + k - 1) / k;
-  const int64_t lo = std::min(n, per * inside_.rank());
+LocalSync::Range LocalSync::fragment(int64_t f) const {
+  const int64_t n = anchor_.numel(), per = (n + opts_.fragments - 1) / opts_.fragments;
+  const int64_t lo = std::min(n, per * f);
   return {lo, std::min(n, lo + per)};
 }
 
-int64_t LocalSync::wire_floats() const {
-  auto [lo, hi] = slice();
-  return hi - lo;
+LocalSync::Range LocalSync::slice(const Range& r) const {
+  const int64_t k = inside_.size(), per = (r.size() + k - 1) / k;
+  const int64_t lo = r.lo + std::min(r.size(), per * inside_.rank());
+  return {lo, std::min(r.hi, lo + per)};
 }
 
-torch::Tensor LocalSync::sum_islands(const torch::Tensor& change) {
-  auto [lo, hi] = slice();
-  torch::Tensor mine = change.narrow(0, lo, hi - lo);
-  if (opts_.wire == Compression::kBf16) mine = mine.to(torch::kBFloat16);
-  if (opts_.wire == Compression::kFp16) mine = mine.to(torch::kFloat16);
-  mine = mine.contiguous();
-  across_.all_reduce_sum(mine, "local sync all-reduce");
-  mine = mine.to(torch::kFloat32);
-  if (inside_.size() == 1) return mine;
-  return torch::cat(inside_.all_gather(mine, "local sync island gather"));
+int64_t LocalSync::wire_bytes() const {
+  int64_t bytes = 0;
+  for (int64_t f = 0; f < opts_.fragments; ++f) {
+    const int64_t n = slice(fragment(f)).size();
+    switch (opts_.wire) {
+      case Compression::kInt8: bytes += int8_bytes(n); break;
+      case Compression::kBf16:
+      case Compression::kFp16: bytes += 2 * n; break;
+      default: bytes += 4 * n;
+    }
+  }
+  return bytes;
+}
+
+bool LocalSync::window_open() const {
+  return in_flight_ || std::any_of(samples_.begin(), samples_.end(), [](double s) { return s > 0; });
+}
+
+// anchor -= lr * (change + momentum * buf), buf = momentum * buf + change
+// (torch.optim.SGD's Nesterov form), on every rank alike, over range `r`.
+void LocalSync::outer_step(const Range& r, const torch::Tensor& mean_change) {
+  torch::Tensor buf = momentum_.narrow(0, r.lo, r.size()), anchor = anchor_.narrow(0, r.lo, r.size());
+  buf.mul_(opts_.outer_momentum).add_(mean_change);
+  anchor.sub_(mean_change.add(buf, opts_.outer_momentum), opts_.outer_lr);
+}
+
+void LocalSync::launch(InFlight& flight) {
+  flight.count = torch::tensor({flight.island_samples}, torch::kFloat64);
+  flight.wait_count = across_.all_reduce_sum_async(flight.count, "local sync sample count");
+  const int64_t n = slice(fragment(flight.fragment)).size();
+  const auto device = anchor_.device();
+  if (n == 0) {
+    flight.sum = [] { return torch::zeros({0}); };
+  } else if (opts_.wire == Compression::kInt8) {
+    // Gloo sums int8 modulo 256: every island's bytes are gathered and added
+    // in fp32, in island order, the same on every rank.
+    auto gathered = across_.all_gather_async(flight.sent, "local sync int8 gather");
+    flight.sum = [gathered, n, device] {
+      torch::Tensor sum = torch::zeros({n});
+      for (const auto& part : gathered()) sum.add_(dequantize(part, n));
+      return sum.to(device);
+    };
+  } else {
+    torch::Tensor sum = flight.sent.clone();
+    auto wait = across_.all_reduce_sum_async(sum, "local sync all-reduce");
+    flight.sum = [wait, sum] {
+      wait();
+      return sum.to(torch::kFloat32);
+    };
+  }
+}
+
+void LocalSync::start(int64_t f, int64_t due, bool delayed) {
+  torch::NoGradGuard no_grad;
+  auto flight = std::make_unique<InFlight>();
+  flight->fragment = f;
+  flight->due = due;
+  flight->delayed = delayed;
+  flight->rank_samples = samples_[static_cast<size_t>(f)];
+  samples_[static_cast<size_t>(f)] = 0;
+  // Each island's change, weighted by the samples it trained in the window
+  // (its ranks hold one model; their samples are the island's), so that an
+  // island dealt more (data.balance, more ranks) counts for more; divided by
+  // every island's samples when the sums land.
+  const double island =
+      inside_.all_reduce_sum(std::vector<double>{flight->rank_samples}, "island sample count")[0];
+  flight->island_samples = island;
+  const Range s = slice(fragment(f));
+  torch::Tensor change = anchor_.narrow(0, s.lo, s.size()) - flat_params().narrow(0, s.lo, s.size());
+  change.mul_(island);
+  if (opts_.wire == Compression::kBf16) change = change.to(torch::kBFloat16);
+  if (opts_.wire == Compression::kFp16) change = change.to(torch::kFloat16);
+  if (opts_.wire == Compression::kInt8) change = quantize(change.cpu());
+  flight->sent = change.contiguous();
+  launch(*flight);
+  in_flight_ = std::move(flight);
+}
+
+void LocalSync::finish() {
+  torch::NoGradGuard no_grad;
+  std::unique_ptr<InFlight> flight = std::move(in_flight_);
+  flight->wait_count();
+  torch::Tensor piece = flight->sum();
+  const double total = flight->count.item<double>();
+  piece.div_(total > 0 ? total : 1.0);
+  if (inside_.size() > 1) piece = torch::cat(inside_.all_gather(piece, "local sync island gather"));
+  const Range r = fragment(flight->fragment);
+  outer_step(r, piece);
+  // The fragment lands: the synced values, or after a delay those mixed with
+  // the local progress made while the sum travelled.
+  torch::Tensor flat = flat_params();
+  torch::Tensor mine = flat.narrow(0, r.lo, r.size()), synced = anchor_.narrow(0, r.lo, r.size());
+  if (flight->delayed) {
+    mine.mul_(opts_.mix).add_(synced, 1.0 - opts_.mix);
+  } else {
+    mine.copy_(synced);
+  }
+  set_params(flat);
 }
 
 bool LocalSync::after_step(int64_t step, int64_t samples, bool force) {
-  window_samples_ += static_cast<double>(samples);
-  if (step % opts_.every != 0 && !force) return false;
-  torch::NoGradGuard no_grad;
-  // Each island's change, weighted by its share of the window's samples, so
-  // that an island dealt more (data.balance, more ranks) counts for more.
-  // Its ranks hold one model; their samples are the island's.
-  const double island = inside_.all_reduce_sum(std::vector<double>{window_samples_}, "island sample count")[0];
-  const double total = across_.all_reduce_sum(std::vector<double>{island}, "local sync sample count")[0];
-  torch::Tensor change = anchor_ - flat_params();
-  change.mul_(total > 0 ? island / total : 1.0 / across_.size());
-  outer_step(sum_islands(change));
-  set_params(anchor_);
-  window_samples_ = 0;
-  ++syncs_;
-  return true;
+  for (double& s : samples_) s += static_cast<double>(samples);
+  if (in_flight_ && (force || step >= in_flight_->due)) finish();
+  if (force) {
+    for (int64_t f = 0; f < opts_.fragments; ++f) {
+      start(f, step, /*delayed=*/false);
+      finish();
+    }
+    ++syncs_;
+    return true;
+  }
+  bool all = true;
+  for (int64_t f = 0; f < opts_.fragments; ++f) {
+    if (step % opts_.every != offset(f)) {
+      all = false;
+      continue;
+    }
+    start(f, step + opts_.delay, opts_.delay > 0);
+    if (opts_.delay == 0) finish();
+  }
+  if (all && opts_.delay == 0) ++syncs_;
+  return all && opts_.delay == 0;
 }
 
 void LocalSync::with_synced(const std::function<void()>& fn) {
@@ -129,67 +253,126 @@ void LocalSync::restart(const NamedTensors& shared) {
                  momentum.numel(), " values, the model ", anchor_.numel());
     momentum_.copy_(momentum.reshape({-1}));  // copy_ crosses devices
   }
-  window_samples_ = 0;
+  std::fill(samples_.begin(), samples_.end(), 0.0);
+  in_flight_.reset();  // an elastic world syncs whole, blocking: nothing travels between steps
   stash_ = torch::Tensor();
 }
 
-NamedTensors LocalSync::shared_state() const { return {{kMomentum, momentum_}}; }
+NamedTensors LocalSync::shared_state() const {
+  NamedTensors out{{kMomentum, momentum_}};
+  if (in_flight_) {
+    out.emplace_back(kInFlight, torch::tensor({in_flight_->fragment, in_flight_->due,
+                                               static_cast<int64_t>(in_flight_->delayed)}, torch::kInt64));
+  }
+  return out;
+}
 
 NamedTensors LocalSync::own_state() const {
-  return {{kParams, stash_.defined() ? stash_ : flat_params()},
-          {kSamples, torch::tensor({window_samples_}, torch::kFloat64)},
-          {kIsland, torch::tensor({static_cast<int64_t>(across_.rank())}, torch::kInt64)}};
+  NamedTensors out{{kParams, stash_.defined() ? stash_ : flat_params()},
+                   {kSamples, torch::tensor(samples_, torch::kFloat64)},
+                   {kIsland, torch::tensor({static_cast<int64_t>(across_.rank())}, torch::kInt64)}};
+  if (in_flight_) {
+    out.emplace_back(kInFlightSent, in_flight_->sent);
+    out.emplace_back(kInFlightSamples,
+                     torch::tensor({in_flight_->rank_samples, in_flight_->island_samples}, torch::kFloat64));
+  }
+  return out;
 }
 
 std::string LocalSync::load_state(const NamedTensors& shared, const std::vector<NamedTensors>& by_rank, int rank) {
   torch::NoGradGuard no_grad;
   anchor_ = flat_params();
+  in_flight_.reset();
   // A checkpoint's tensors are read on the CPU: the state moves to the
   // parameters' device; the sample counts stay host numbers.
   auto check = [&](const torch::Tensor& t, const std::string& name, int64_t numel,
                    const torch::TensorOptions& to) {
     COHORT_CHECK(t.defined(), DataError, "local sync: the checkpoint lacks ", name,
                  " (was it written with dist.sync = step?)");
-    COHORT_CHECK(t.numel() == numel, DataError, "local sync: the checkpoint's ", name, " holds ", t.numel(),
-                 " values, the model ", numel);
+    COHORT_CHECK(numel < 0 || t.numel() == numel, DataError, "local sync: the checkpoint's ", name, " holds ",
+                 t.numel(), " values, the model ", numel);
     return t.to(to).reshape({-1});
   };
   const auto on_device = anchor_.options();
+  const auto f64 = torch::TensorOptions(torch::kFloat64);
   auto samples = [&](const NamedTensors& r) {
-    return check(find(r, kSamples), kSamples, 1, torch::TensorOptions(torch::kFloat64)).item<double>();
+    torch::Tensor t = check(find(r, kSamples), kSamples, -1, f64).contiguous();
+    return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
   };
   momentum_ = check(find(shared, kMomentum), kMomentum, anchor_.numel(), on_device).clone();
-  // The writer's islands (checkpoints from before islands: one per rank).
-  auto same_islands = [&] {
+  const torch::Tensor flying = find(shared, kInFlight);
+  // The writer's islands (checkpoints from before islands: one per rank)
+  // and fragments.
+  auto same_layout = [&] {
     if (static_cast<int>(by_rank.size()) != inside_.size() * across_.size()) return false;
     for (size_t r = 0; r < by_rank.size(); ++r) {
       const torch::Tensor t = find(by_rank[r], kIsland);
       const int64_t theirs = t.defined() ? t.item<int64_t>() : static_cast<int64_t>(r);
       const int64_t ours = opts_.island_of.empty() ? static_cast<int64_t>(r) : opts_.island_of.at(r);
-      if (theirs != ours) return false;
+      if (theirs != ours || static_cast<int64_t>(samples(by_rank[r]).size()) != opts_.fragments) return false;
     }
     return true;
   };
-  if (same_islands()) {
+  if (same_layout()) {
     const auto& mine = by_rank.at(static_cast<size_t>(rank));
     set_params(check(find(mine, kParams), kParams, anchor_.numel(), on_device));
-    window_samples_ = samples(mine);
+    samples_ = samples(mine);
+    if (flying.defined()) {  // send it again: every rank sends what it sent, so the sum is the same
+      auto flight = std::make_unique<InFlight>();
+      flight->fragment = flying.index({0}).item<int64_t>();
+      flight->due = flying.index({1}).item<int64_t>();
+      flight->delayed = flying.index({2}).item<int64_t>() != 0;
+      const torch::Tensor counts = check(find(mine, kInFlightSamples), kInFlightSamples, 2, f64);
+      flight->rank_samples = counts.index({0}).item<double>();
+      const Range s = slice(fragment(flight->fragment));
+      torch::Tensor sent = find(mine, kInFlightSent);
+      const int64_t sent_size = opts_.wire == Compression::kInt8 ? int8_bytes(s.size()) : s.size();
+      COHORT_CHECK(sent.defined() && sent.numel() == sent_size, DataError, "local sync: the checkpoint's ",
+                   kInFlightSent, " does not hold this rank's ", s.size(), " values of fragment ", flight->fragment,
+                   " (was the run's dist.grad-compression another?)");
+      flight->sent = opts_.wire == Compression::kInt8
+                         ? sent.reshape({-1}).contiguous()
+                         : sent.to(on_device.dtype(sent.scalar_type())).reshape({-1}).contiguous();
+      flight->island_samples = counts.index({1}).item<double>();
+      launch(*flight);
+      in_flight_ = std::move(flight);
+    }
     return "";
   }
-  // Other islands: merge the open window as a sync would have.
-  double total = 0;
-  for (const auto& r : by_rank) total += samples(r);
-  window_samples_ = 0;
-  if (total == 0) return "";  // written at a sync: nothing open
-  torch::Tensor mean_change = torch::zeros_like(anchor_);
+  // Other islands or fragments: each of the writer's fragments merges its
+  // open window as a sync would have. A fragment in flight had not landed:
+  // its window runs from its last sync, so its sent samples count again.
+  std::vector<std::vector<double>> counts;
   for (const auto& r : by_rank) {
-    double w = samples(r) / total;
-    mean_change.add_(anchor_ - check(find(r, kParams), kParams, anchor_.numel(), on_device), w);
+    counts.push_back(samples(r));
+    if (flying.defined()) {
+      const torch::Tensor sent = check(find(r, kInFlightSamples), kInFlightSamples, 2, f64);
+      counts.back().at(static_cast<size_t>(flying.index({0}).item<int64_t>())) += sent.index({0}).item<double>();
+    }
   }
-  outer_step(mean_change);
+  const int64_t fragments = static_cast<int64_t>(counts.at(0).size()), n = anchor_.numel();
+  const int64_t per = (n + fragments - 1) / fragments;
+  std::fill(samples_.begin(), samples_.end(), 0.0);
+  double merged = 0;
+  std::vector<torch::Tensor> params;
+  for (const auto& r : by_rank) params.push_back(check(find(r, kParams), kParams, n, on_device));
+  for (int64_t f = 0; f < fragments; ++f) {
+    const Range range{std::min(n, per * f), std::min(n, per * f + per)};
+    double total = 0;
+    for (const auto& c : counts) total += c.at(static_cast<size_t>(f));
+    if (total == 0 || range.size() == 0) continue;  // closed at the checkpoint: nothing open
+    torch::Tensor mean_change = torch::zeros({range.size()}, on_device);
+    for (size_t r = 0; r < by_rank.size(); ++r) {
+      mean_change.add_(anchor_.narrow(0, range.lo, range.size()) - params[r].narrow(0, range.lo, range.size()),
+                       counts[r][static_cast<size_t>(f)] / total);
+    }
+    outer_step(range, mean_change);
+    merged = std::max(merged, total);
+  }
   set_params(anchor_);
+  if (merged == 0) return "";
   return strf("local sync: the checkpoint's %zu rank(s) had %.0f samples in an open window; merged by one outer step "
-              "before going on with %d rank(s) in %d island(s)", by_rank.size(), total,
+              "before going on with %d rank(s) in %d island(s)", by_rank.size(), merged,
               inside_.size() * across_.size(), across_.size());
 }
 

@@ -12,6 +12,15 @@
 // data-parallel training: the average of the ranks' one-step parameters is
 // one step on the average gradient.
 //
+// Streamed (Streaming DiLoCo, Douillard et al. 2025): the flat parameters
+// are cut into `fragments` contiguous pieces, and fragment f meets the
+// others every `every` steps, offset by (f + 1) * every / fragments, so a
+// different, smaller sum travels every every / fragments steps. With a
+// `delay` of d steps a fragment's sum is started after step s and applied
+// after step s + d while training goes on: the landed fragment is the outer
+// step's result mixed with the local progress of those d steps, mix * local
+// + (1 - mix) * synced. With delay 0 every sum blocks, as above.
+//
 // Islands (dist.islands): the ranks of an island train one model exactly
 // together (their gradients summed every step), so the island is the unit
 // that meets the others. Its change is weighted by the samples the island
@@ -30,6 +39,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,18 +56,25 @@ struct LocalSyncOptions {
   int64_t every = 8;          // dist.local-steps
   double outer_lr = 1.0;        // optim.outer-lr
   double outer_momentum = 0.0;  // optim.outer-momentum
-  Compression wire = Compression::kNone;  // the parameter change's dtype on the wire
+  Compression wire = Compression::kNone;  // the parameter change on the wire: fp32, bf16, fp16 or int8
+  int64_t fragments = 1;      // dist.outer-fragments
+  int64_t delay = 0;          // dist.outer-delay: steps a fragment's sum travels while training goes on
+  double mix = 0.5;           // optim.outer-mix: the local parameters' weight when a delayed fragment lands
   std::vector<int> island_of;  // each global rank's island; empty: every rank its own
 };
 
 class LocalSync {
  public:
   // `inside`: this rank's island; `across`: this island rank in every island.
+  // A sum still travelling when it is destroyed (the run failed) is left to
+  // its process group, whose work holds its tensors.
   LocalSync(Comm& inside, Comm& across, torch::nn::Module& module, LocalSyncOptions opts);
 
-  // After inner step `step` (1-based), on which this rank trained `samples`.
-  // At a multiple of `every`, or when `force` (the run's last step), syncs.
-  // Returns true when it synced.
+  // After inner step `step` (1-based), on which this rank trained `samples`:
+  // starts the sums of the fragments due, and lands the one whose delay is
+  // over. When `force` (the run's last step), every fragment meets, blocking.
+  // Returns true when every fragment met at this step (the replicas hold the
+  // same parameters).
   bool after_step(int64_t step, int64_t samples, bool force);
 
   // Runs `fn` with the parameters of the last sync in the module, then puts
@@ -66,16 +83,18 @@ class LocalSync {
   void with_synced(const std::function<void()>& fn);
 
   // Checkpoint state. Shared (the same on every rank): the synced
-  // parameters' outer momentum. Own: this rank's parameters and the samples
-  // it trained on since the last sync. The synced parameters themselves are
-  // the checkpoint's model.
+  // parameters' outer momentum, and which fragment is in flight until when.
+  // Own: this rank's parameters, the samples it trained on since each
+  // fragment last met, its island, and what it sent of the fragment in
+  // flight. The synced parameters themselves are the checkpoint's model.
   NamedTensors shared_state() const;
   NamedTensors own_state() const;
   // From a checkpoint whose model (the synced parameters) is in the module.
   // `by_rank`: every rank's own state, by the rank that wrote it. With the
-  // same islands each rank takes its own back; with others (another world
-  // size, or ranks grouped otherwise), the open window's changes are merged
-  // by one outer step, as a sync would have, and the returned note says so.
+  // same islands and fragments each rank takes its own back and the fragment
+  // in flight is sent again; with others (another world size, ranks grouped
+  // otherwise), the open windows' changes are merged by one outer step per
+  // fragment, as a sync would have, and the returned note says so.
   std::string load_state(const NamedTensors& shared, const std::vector<NamedTensors>& by_rank, int rank);
 
   // A new elastic world whose parameters (the last sync's) are in the
@@ -83,31 +102,56 @@ class LocalSync {
   // `shared` (as shared_state() names it; zeros when absent), and an empty
   // window.
   void restart(const NamedTensors& shared);
-  // This rank trained samples since the last sync.
-  bool window_open() const { return window_samples_ > 0; }
+  // This rank trained samples since a fragment last met, or a sum travels.
+  bool window_open() const;
 
   int64_t syncs() const { return syncs_; }
-  // Values this rank puts on the wire between islands per sync: its slice.
-  int64_t wire_floats() const;
+  // Bytes this rank puts on the wire between islands per outer step (every
+  // fragment once): its slice of each, in the wire's form.
+  int64_t wire_bytes() const;
 
  private:
+  struct Range {
+    int64_t lo = 0, hi = 0;
+    int64_t size() const { return hi - lo; }
+  };
+  // A fragment's sum on its way.
+  struct InFlight {
+    int64_t fragment = 0;
+    int64_t due = 0;         // the step after which it lands
+    bool delayed = false;    // lands mixed with the local progress
+    double rank_samples = 0;  // this rank's samples in the window it closed
+    double island_samples = 0;  // its island's (sent; `count` is summed in place)
+    torch::Tensor sent;      // this rank's weighted slice as sent, in the wire's form (a checkpoint sends it again)
+    torch::Tensor count;     // the islands' samples being summed
+    std::function<void()> wait_count;
+    std::function<torch::Tensor()> sum;  // waits; the islands' weighted slices summed, fp32
+  };
+
   torch::Tensor flat_params() const;
   void set_params(const torch::Tensor& flat);
-  void outer_step(const torch::Tensor& mean_change);
-  // This rank's slice [lo, hi) of the flat parameters: the part it sums
-  // between islands.
-  std::pair<int64_t, int64_t> slice() const;
-  // The islands' weighted changes summed: this rank's slice across the
-  // islands, then the island's slices gathered.
-  torch::Tensor sum_islands(const torch::Tensor& change);
+  Range fragment(int64_t f) const;
+  // This island rank's piece of `r`: the part it sums between islands.
+  Range slice(const Range& r) const;
+  // When fragment f's window closes (steps ≡ this mod every).
+  int64_t offset(int64_t f) const { return (f + 1) * opts_.every / opts_.fragments % opts_.every; }
+  // Closes fragment f's window: its weighted change starts across the islands.
+  void start(int64_t f, int64_t due, bool delayed);
+  // Sends `flight`'s slice: the islands' sample count, then the change.
+  void launch(InFlight& flight);
+  // Waits for the sum in flight, gathers the island's slices, applies the
+  // outer step to the fragment and lands it in the module.
+  void finish();
+  void outer_step(const Range& r, const torch::Tensor& mean_change);
 
   Comm& inside_;
   Comm& across_;
   LocalSyncOptions opts_;
   std::vector<torch::Tensor> params_;  // trainable parameters and floating buffers, in module order
-  torch::Tensor anchor_;    // the parameters at the last sync, flat
+  torch::Tensor anchor_;    // the parameters at each fragment's last sync, flat
   torch::Tensor momentum_;  // the outer Nesterov buffer, flat
-  double window_samples_ = 0;
+  std::vector<double> samples_;  // per fragment: this rank's samples since its window opened
+  std::unique_ptr<InFlight> in_flight_;
   torch::Tensor stash_;     // with_synced: this rank's parameters while the synced ones are in
   int64_t syncs_ = 0;
 };

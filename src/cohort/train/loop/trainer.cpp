@@ -161,11 +161,13 @@ StepBatch Trainer::Parts::next_batch() {
 }
 
 void Trainer::Parts::finish_step(const StepBatch& batch, const StepResult& result) {
-  log->interval().phases.lap(Phase::kStep, step_start);
   log->count(state.step + 1, result);
   state.samples_seen += batch.global_samples;
   ++state.step;
+  const Clock::time_point outer = Clock::now();
   bool synced = replicas->after_step(state.step, result.samples, state.step == total_steps);
+  log->interval().phases.lap(Phase::kComm, outer);  // the outer sync is the step's too
+  log->interval().phases.lap(Phase::kStep, step_start);
   state.cursor = batch.next;
   step_cursor = batch.cursor;
   rng_mark = cpu_rng_state();

@@ -123,6 +123,12 @@ class LocalSteps : public ReplicaSync {
     o.outer_lr = cfg.optim.outer_lr;
     o.outer_momentum = cfg.optim.outer_momentum;
     o.wire = cfg.dist.grad_compression;
+    o.fragments = cfg.dist.outer_fragments;
+    o.delay = cfg.dist.outer_delay;
+    o.mix = cfg.optim.outer_mix;
+    COHORT_CHECK(!comm.elastic() || (o.fragments == 1 && o.delay == 0), ConfigError, "dist.outer-fragments ",
+                 o.fragments, ", dist.outer-delay ", o.delay, ": an elastic world goes on from its last whole sync, "
+                 "which a streamed sync does not have between its fragments; use 1 and 0");
     for (int r = 0; r < comm.size(); ++r) o.island_of.push_back(layout_.island_of(r));
     local_sync_ = std::make_unique<LocalSync>(*groups_.inside, *groups_.across, module, o);
   }
@@ -164,12 +170,20 @@ class LocalSteps : public ReplicaSync {
 
   std::string describe() const override {
     const double mib = 1.0 / (1 << 20);
-    const bool half = dist_.grad_compression == Compression::kBf16 || dist_.grad_compression == Compression::kFp16;
-    const char* dtype = half ? name_of(dist_.grad_compression) : "fp32";
-    const double per_rank = static_cast<double>(local_sync_->wire_floats()) * (half ? 2 : 4) * mib;
+    const bool narrow = dist_.grad_compression == Compression::kBf16 ||
+                        dist_.grad_compression == Compression::kFp16 || dist_.grad_compression == Compression::kInt8;
+    const char* dtype = narrow ? name_of(dist_.grad_compression) : "fp32";
+    const double per_rank = static_cast<double>(local_sync_->wire_bytes()) * mib;
     std::string out = strf("cohort: sync local: an outer Nesterov step (lr %g, momentum %g) every %lld step(s), "
                            "%.2f MiB in %s per sync", optim_.outer_lr, optim_.outer_momentum,
                            static_cast<long long>(dist_.local_steps), per_rank, dtype);
+    if (dist_.outer_fragments > 1 || dist_.outer_delay > 0) {
+      out += strf(", streamed in %lld fragment(s) (one every %lld step(s)), each applied %lld step(s) after it is sent",
+                  static_cast<long long>(dist_.outer_fragments),
+                  static_cast<long long>(dist_.local_steps / dist_.outer_fragments),
+                  static_cast<long long>(dist_.outer_delay));
+      if (dist_.outer_delay > 0) out += strf(" and mixed %g local to %g synced", optim_.outer_mix, 1 - optim_.outer_mix);
+    }
     if (layout_.ranks_per_island() == 1) return out;
     return out + strf(" from each rank; %s, gradients summed exactly inside each, and each island rank sums its "
                       "1/%d of the change with the other islands'", layout_.describe().c_str(),
