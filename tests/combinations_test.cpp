@@ -1,11 +1,13 @@
 // The distributed settings together: every allowed combination of
 // dist.shard {none, optimizer, gradients} x dist.sync {step, local} x
 // dist.grad-compression {none, bf16, powersgd} x data.balance {equal, auto}
-// trains; a resume mid-run on the same 2 ranks ends with the uninterrupted
+// trains; a resume mid-run on the same ranks ends with the uninterrupted
 // run's weights (the same bits wherever the steps cannot depend on how the
-// ranks split the batch); a resume on 3 ranks goes on with every step logged
-// once. The combinations the mathematics forbids are refused, each in one
-// line that says why. (Sharded against unsharded at 1e-6 per step:
+// ranks split the batch); a resume on more ranks goes on with every step
+// logged once. Sharding under local steps shards each island's optimizer:
+// those cells run 2 islands of 2 ranks and resume on 3 islands. The
+// combinations the mathematics forbids are refused, each in one line that
+// says why. (Sharded against unsharded at 1e-6 per step:
 // shard_test.cpp; elastic losses: elastic_test.cpp.)
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -36,8 +38,10 @@ std::string name_of(const Combo& c) {
 
 void PrintTo(const Combo& c, std::ostream* os) { *os << name_of(c); }
 
-// Every allowed cell: sharding needs dist.sync = step; PowerSGD compresses a
-// gradient sum (step only) and is not for sharded gradients.
+// Every allowed cell: PowerSGD compresses a gradient sum (step only) and is
+// not for sharded gradients; sharding under local steps needs islands of
+// several ranks (half of its cells, each sharding mode with each wire dtype
+// and balance once).
 std::vector<Combo> allowed() {
   std::vector<Combo> out;
   for (const char* balance : {"equal", "auto"}) {
@@ -49,11 +53,18 @@ std::vector<Combo> allowed() {
       if (std::string(compression) != "powersgd") out.push_back({"none", "local", compression, balance});
     }
   }
+  out.push_back({"optimizer", "local", "none", "equal"});
+  out.push_back({"optimizer", "local", "bf16", "auto"});
+  out.push_back({"gradients", "local", "bf16", "equal"});
+  out.push_back({"gradients", "local", "none", "auto"});
   return out;
 }
 
+// Sharding under local steps: 2 islands of 2 ranks (resumed on 3 islands).
+bool in_islands(const Combo& c) { return std::string(c.sync) == "local" && std::string(c.shard) != "none"; }
+
 // 240 images, 12 a step in 6 micro-batches of 2: 20 steps an epoch, 3 epochs.
-std::string combo_args(const TempDir& tmp, const Combo& c) {
+std::string combo_args(const TempDir& tmp, const Combo& c, bool islands = true) {
   std::string args = " train --model.name mlp --model.hidden 16 --model.dropout 0.1 --data.global-batch 12 "
                      "--data.micro-batch 2 --train.epochs 3 --optim.clip-norm 0.5 --log.every-steps 1 "
                      "--eval.every-steps 0 --eval.max-samples 12 --ckpt.every-steps 10 --ckpt.keep 10 --quiet "
@@ -61,6 +72,7 @@ std::string combo_args(const TempDir& tmp, const Combo& c) {
                      " --dist.shard " + c.shard + " --dist.sync " + c.sync + " --dist.grad-compression " +
                      c.compression + " --data.balance " + c.balance;
   if (std::string(c.sync) == "local") args += " --dist.local-steps 4";
+  if (in_islands(c) && islands) args += " --dist.islands 2";
   if (std::string(c.compression) == "powersgd") args += " --dist.powersgd-rank 2";
   if (std::string(c.balance) == "auto") args += " --data.balance-every 3";
   return args;
@@ -88,14 +100,17 @@ TEST_P(Combinations, TrainsAndResumes) {
   const Combo c = GetParam();
   TempDir tmp;
   cohort::test::write_tiny_dataset(tmp, 240);
-  auto whole = run_cohort(combo_args(tmp, c) + " --nproc-per-node 2 --out " + (tmp / "whole"));
+  const int ranks = in_islands(c) ? 4 : 2, more = in_islands(c) ? 6 : 3;
+  auto whole = run_cohort(combo_args(tmp, c) + " --nproc-per-node " + std::to_string(ranks) + " --out " +
+                          (tmp / "whole"));
   ASSERT_EQ(whole.code, 0) << whole.err;
   std::vector<int64_t> every(60);
   std::iota(every.begin(), every.end(), 1);
   ASSERT_EQ(train_steps(tmp / "whole"), every);
   for (double loss : cohort::test::train_losses(tmp / "whole")) ASSERT_TRUE(std::isfinite(loss));
 
-  // The same 2 ranks from step 20, by the recorded launch shape.
+
+  // The same ranks from step 20, by the recorded launch shape.
   const std::string from = tmp / "whole/checkpoints/step-20";
   auto again = run_cohort(" train --oversubscribe --resume " + from + " --out " + (tmp / "again"));
   ASSERT_EQ(again.code, 0) << again.err;
@@ -115,8 +130,8 @@ TEST_P(Combinations, TrainsAndResumes) {
   }
 
   // Another world size: the remaining steps, once each.
-  auto three = run_cohort(" train --oversubscribe --nproc-per-node 3 --dist.shard-weights auto --resume " + from +
-                          " --out " + (tmp / "three"));
+  auto three = run_cohort(" train --oversubscribe --nproc-per-node " + std::to_string(more) +
+                          " --dist.shard-weights auto --resume " + from + " --out " + (tmp / "three"));
   ASSERT_EQ(three.code, 0) << three.err;
   EXPECT_EQ(train_steps(tmp / "three"), rest);
   EXPECT_NE(three.out.find("launch shape changed on resume"), std::string::npos) << three.out;
@@ -134,13 +149,13 @@ TEST(Combinations, ForbiddenOnesSayWhy) {
     std::string says;
   };
   const std::vector<Bad> bad = {
-      {{"optimizer", "local", "none", "equal"}, "each rank steps its own model, so its inner optimizer needs"},
-      {{"gradients", "local", "bf16", "auto"}, "each rank steps its own model, so its inner optimizer needs"},
+      {{"optimizer", "local", "none", "equal"}, "gives islands of one rank, each stepping alone: set dist.islands"},
+      {{"gradients", "local", "bf16", "auto"}, "gives islands of one rank, each stepping alone: set dist.islands"},
       {{"none", "local", "powersgd", "equal"}, "compresses the gradient all-reduce, which dist.sync = local does"},
       {{"gradients", "step", "powersgd", "equal"}, "use dist.shard = optimizer with powersgd"},
   };
   for (const auto& b : bad) {
-    auto r = run_cohort(combo_args(tmp, b.combo) + " --nproc-per-node 2 --out " + (tmp / "run"));
+    auto r = run_cohort(combo_args(tmp, b.combo, /*islands=*/false) + " --nproc-per-node 2 --out " + (tmp / "run"));
     EXPECT_EQ(r.code, 2) << name_of(b.combo) << ": " << r.err;
     EXPECT_NE(r.err.find(b.says), std::string::npos) << name_of(b.combo) << ": " << r.err;
     EXPECT_EQ(cohort::test::lines_of(r.err).size(), 1u) << r.err;

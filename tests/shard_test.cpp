@@ -248,7 +248,8 @@ TEST(Shard, BadSettingsAreConfigErrors) {
       {"--dist.shard optimizer --dist.shard-weights 0,1", "must be auto or positive numbers"},
       {"--dist.shard gradients --optim.name sgd", "optim.name = sgd has none worth sharding"},
       {"--dist.shard optimizer --dist.shard-replicas 3", "dist.shard-replicas"},
-      {"--dist.shard optimizer --dist.sync local", "needs dist.sync = step: with local steps each rank steps its own"},
+      {"--dist.shard optimizer --dist.sync local", "gives islands of one rank, each stepping alone: set dist.islands"},
+      {"--dist.shard optimizer --dist.sync local --dist.islands 1", "gives islands of one rank, each stepping alone"},
       {"--dist.shard gradients --dist.grad-compression powersgd", "use dist.shard = optimizer with powersgd"},
       {"--dist.shard sideways", "sideways"},
   };

@@ -244,6 +244,42 @@ TEST(Islands, TrainAsOneRankEachAndOneStepWindowsAreExactTraining) {
   EXPECT_GT(std::abs(c[5] - a[5]), 1e-6) << "4-step windows drift apart between syncs: not exact training";
 }
 
+// Each island's inner step keeps everything the exact step has: sharding
+// its AdamW state over the island's ranks (optimizer, or gradients too)
+// trains as the unsharded islands do (the same elementwise update), and
+// dist.shard-weights gives each island its members' weights.
+TEST(Islands, ShardedInsideTrainAsUnsharded) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 40);
+  std::string common = "train" + kSlowTiny + "--model.dropout 0 --optim.name adamw --optim.lr 0.01 "
+                       "--data.global-batch 8 --train.max-steps 12 --oversubscribe --nproc-per-node 4 --data.path " +
+                       tmp.path() + " --dist.sync local --dist.islands 2 --dist.local-steps 4";
+  auto whole = run_cohort(common + " --out " + (tmp / "whole"));
+  ASSERT_EQ(whole.code, 0) << whole.err;
+  const auto a = cohort::test::train_losses(tmp / "whole");
+  ASSERT_EQ(a.size(), 12u);
+  for (const char* mode : {"optimizer", "gradients"}) {
+    const std::string out = tmp / mode;
+    auto r = run_cohort(common + " --dist.shard " + mode + " --dist.shard-weights 1,3,1,3 --out " + out);
+    ASSERT_EQ(r.code, 0) << mode << "\n" << r.err;
+    EXPECT_NE(r.out.find(std::string("dist.shard: ") + mode + ", 2 range(s) x 1 replica(s)"), std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("25.0%; rank 1 ["), std::string::npos) << "island 1's weights are ranks 2 and 3's\n" << r.out;
+    EXPECT_NE(r.out.find("in each island, over its ranks"), std::string::npos) << r.out;
+    const auto b = cohort::test::train_losses(out);
+    ASSERT_EQ(b.size(), 12u);
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-6 * std::abs(a[i])) << mode << " step " << i + 1;
+  }
+  // Islands of one rank have nobody to share the state with: one line, at
+  // the launch, nothing written.
+  auto flat = run_cohort("train" + kSlowTiny + "--oversubscribe --nproc-per-node 4 --data.path " + tmp.path() +
+                         " --dist.sync local --dist.islands rank --dist.shard optimizer --out " + (tmp / "flat"));
+  EXPECT_EQ(flat.code, 2) << flat.err;
+  EXPECT_NE(flat.err.find("gives islands of one rank, each stepping alone"), std::string::npos) << flat.err;
+  EXPECT_EQ(cohort::test::lines_of(flat.err).size(), 1u) << flat.err;
+  EXPECT_FALSE(std::filesystem::exists(tmp / "flat"));
+}
+
 // A checkpoint in the middle of a window resumes bit for bit with the same
 // islands, streamed with a fragment's sum in flight too (fragments of 4
 // steps' windows close after steps 2 and 4 mod 4; the one closed at step 10

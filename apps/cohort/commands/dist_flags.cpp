@@ -67,7 +67,7 @@ std::optional<int> DistFlags::launch_ranks(const CLI::App& sub, const Env& env, 
   if (env.count("COHORT_RANK") || !wants_launcher(launch)) return std::nullopt;
   // A world this node alone makes is known now: what does not fit it is one
   // line from the launcher, before any rank starts.
-  if (launch.nnodes == 1 && launch.min_nodes == 0 && launch.world_size <= 0) validate_world(cfg, launch.nproc_per_node);
+  if (launch.nnodes == 1 && launch.min_nodes == 0 && launch.world_size <= 0) validate_world(cfg, launch.nproc_per_node, /*one_node=*/true);
   launch.timeout_s = cfg.dist.timeout;
   return launch_node(launch, std::vector<std::string>(argv, argv + argc));
 }

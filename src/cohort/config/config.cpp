@@ -288,7 +288,7 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
        "several nodes of equal rank counts above 1, else rank; on resume another grouping merges the open window");
   bind("dist.shard", c.dist.shard, "ZeRO: none; optimizer = each rank keeps the AdamW/LAMB state of its range of the "
        "parameters and updates only that range (stage 1); gradients = each rank also keeps only its range's gradients "
-       "(stage 2)");
+       "(stage 2); under dist.sync = local, over the ranks of each island (dist.islands)");
   bind("dist.shard-weights", c.dist.shard_weights, "dist.shard: each rank's share of the state: auto (by free memory: "
        "the GPU's, or the node's available memory over its ranks) or one weight per rank, e.g. 2,1");
   bind("dist.max-memory-gb", c.dist.max_memory_gb, "dist.shard-weights = auto on the CPU: this node's memory for the "
@@ -1047,9 +1047,6 @@ void validate(const Config& c) {
           "must be 1 or 2");
   require(c.dist.shard == ShardMode::kNone || c.optim.name != OptimizerKind::kSgd, "dist.shard",
           name_of(c.dist.shard), "shards AdamW's or LAMB's state; optim.name = sgd has none worth sharding: use none");
-  require(c.dist.shard == ShardMode::kNone || c.dist.sync == SyncMode::kStep, "dist.shard", name_of(c.dist.shard),
-          "needs dist.sync = step: with local steps each rank steps its own model, so its inner optimizer needs "
-          "every parameter's state");
   require(c.dist.shard != ShardMode::kGradients || c.dist.grad_compression != Compression::kPowerSgd, "dist.shard",
           "gradients", "saves whole-model gradients, which PowerSGD's error feedback keeps on every rank anyway: use "
           "dist.shard = optimizer with powersgd (the same memory, one compressed sum a step)");
@@ -1079,7 +1076,13 @@ void validate(const Config& c) {
   if (auto inert = inert_keys(c); !inert.empty()) throw ConfigError(inert.front().second);
 }
 
-void validate_world(const Config& c, int world_size) {
+std::string shard_needs_islands(const DistOptions& dist) {
+  return detail::cat("dist.shard ", name_of(dist.shard), " shards an island's optimizer over its ranks, but "
+                     "dist.islands '", dist.islands, "' gives islands of one rank, each stepping alone: set "
+                     "dist.islands to node or a size above 1, or dist.shard none");
+}
+
+void validate_world(const Config& c, int world_size, bool one_node) {
   std::vector<double> weights = shard_weights(c.dist);
   COHORT_CHECK(weights.empty() || static_cast<int>(weights.size()) == world_size, ConfigError,
                "dist.shard-weights gives ", weights.size(), " weight(s) ('", c.dist.shard_weights, "') but the world has ",
@@ -1092,6 +1095,10 @@ void validate_world(const Config& c, int world_size) {
     COHORT_CHECK(sizes.empty() || covered == world_size, ConfigError, "dist.islands '", c.dist.islands, "' does not "
                  "divide the world's ", world_size, " rank(s) into islands: give sizes that add up to it, or one size "
                  "that divides it");
+    const bool single = c.dist.islands == "rank" || (one_node && c.dist.islands == "auto") ||
+                        (!sizes.empty() && sizes.front() == 1);
+    COHORT_CHECK(c.dist.shard == ShardMode::kNone || !single || world_size == 1, ConfigError,
+                 shard_needs_islands(c.dist));
   }
   if (c.dist.shard == ShardMode::kNone || c.dist.shard_replicas == 1) return;
   const int replicas = static_cast<int>(c.dist.shard_replicas);

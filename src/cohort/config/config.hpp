@@ -177,8 +177,13 @@ std::vector<std::string> reset_inert_keys(Config& cfg, const std::set<std::strin
 
 // What needs the world's size as well (once it is known: by the launcher
 // before it starts ranks, by each rank of a fixed world): one shard weight
-// per rank, a world that the shard replicas divide. ConfigError naming the key.
-void validate_world(const Config& cfg, int world_size);
+// per rank, a world that the shard replicas divide, islands of several ranks
+// for dist.shard under local steps (`one_node`: every rank on one node, so
+// dist.islands = auto means one rank each). ConfigError naming the key.
+void validate_world(const Config& cfg, int world_size, bool one_node = false);
+
+// Why dist.shard cannot shard islands of one rank under dist.sync = local.
+std::string shard_needs_islands(const DistOptions& dist);
 
 // Where a key's value must agree. kShared: the same on every rank (checked
 // at start-up), free to change on resume. kPerNode: may differ between

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <condition_variable>
@@ -34,6 +35,14 @@ namespace {
 
 using std::chrono::milliseconds;
 
+// c10d's flight recorder (one per process, made at the first collective,
+// sized by TORCH_FR_BUFFER_SIZE, 2000 by default) inserts each process
+// group's first record into a map outside its lock: two groups of one
+// process (a rank's island and the world, the tests' thread worlds) that
+// start collectives from two threads at once corrupt it and crash. It
+// also gathers a traceback per collective. Off unless the user sets the
+// variable; set before main, while the process has one thread.
+[[maybe_unused]] const bool kFlightRecorderOff = [] { return setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0) == 0; }();
 
 std::string to_string(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 std::vector<uint8_t> to_bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
@@ -550,6 +559,13 @@ std::unique_ptr<Comm> Comm::form(const World& world, const RankSpec& spec, const
   return c;
 }
 
+std::vector<int> Comm::global_ranks() const {
+  if (!members_.empty()) return members_;
+  std::vector<int> all(static_cast<size_t>(size()));
+  for (int r = 0; r < size(); ++r) all[static_cast<size_t>(r)] = r;
+  return all;
+}
+
 std::unique_ptr<Comm> Comm::split(const std::vector<int>& members, const std::string& name) {
   auto at = std::find(members.begin(), members.end(), rank());
   COHORT_CHECK(at != members.end(), Error, "rank ", rank(), ": splitting group '", name,
@@ -558,6 +574,8 @@ std::unique_ptr<Comm> Comm::split(const std::vector<int>& members, const std::st
   c->world_ = world_;
   c->world_.rank = static_cast<int>(at - members.begin());
   c->world_.world_size = static_cast<int>(members.size());
+  const std::vector<int> global = global_ranks();
+  for (int m : members) c->members_.push_back(global.at(static_cast<size_t>(m)));
   if (members.size() == 1 || !impl_) return c;  // a group of one: no network
   COHORT_CHECK(!link_, Error, "rank ", rank(), ": an elastic world's groups cannot be split (group '", name, "')");
   auto impl = std::make_unique<Impl>();

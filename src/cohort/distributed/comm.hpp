@@ -100,6 +100,11 @@ class Comm {
   bool joiners_waiting() const { return link_ && link_->joiners_waiting(); }
   int rank() const { return world_.rank; }
   int size() const { return world_.world_size; }
+  // The global ranks of this group's members, in its rank order (a world:
+  // 0 .. size-1).
+  std::vector<int> global_ranks() const;
+  // A group split from a world (Comm::split), not a world.
+  bool is_group() const { return !members_.empty(); }
 
   // In place. All ranks get the element-wise sum.
   void all_reduce_sum(torch::Tensor& t, const char* what = "all_reduce");
@@ -132,6 +137,7 @@ class Comm {
   Comm();
   std::vector<torch::Tensor> all_gather_fixed(const torch::Tensor& t, const char* what);
   World world_;
+  std::vector<int> members_;  // a split group's global ranks; empty: the world's
   std::shared_ptr<ElasticLink> link_;
   std::unique_ptr<Impl> impl_;
 };

@@ -279,6 +279,11 @@ NamedTensors LocalSync::own_state() const {
   return out;
 }
 
+int LocalSync::writer_island(const NamedTensors& own, int rank) {
+  const torch::Tensor t = find(own, kIsland);
+  return t.defined() ? static_cast<int>(t.item<int64_t>()) : rank;
+}
+
 std::string LocalSync::load_state(const NamedTensors& shared, const std::vector<NamedTensors>& by_rank, int rank) {
   torch::NoGradGuard no_grad;
   anchor_ = flat_params();
@@ -306,8 +311,7 @@ std::string LocalSync::load_state(const NamedTensors& shared, const std::vector<
   auto same_layout = [&] {
     if (static_cast<int>(by_rank.size()) != inside_.size() * across_.size()) return false;
     for (size_t r = 0; r < by_rank.size(); ++r) {
-      const torch::Tensor t = find(by_rank[r], kIsland);
-      const int64_t theirs = t.defined() ? t.item<int64_t>() : static_cast<int64_t>(r);
+      const int64_t theirs = writer_island(by_rank[r], static_cast<int>(r));
       const int64_t ours = opts_.island_of.empty() ? static_cast<int64_t>(r) : opts_.island_of.at(r);
       if (theirs != ours || static_cast<int64_t>(samples(by_rank[r]).size()) != opts_.fragments) return false;
     }

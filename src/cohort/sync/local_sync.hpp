@@ -97,6 +97,10 @@ class LocalSync {
   // fragment, as a sync would have, and the returned note says so.
   std::string load_state(const NamedTensors& shared, const std::vector<NamedTensors>& by_rank, int rank);
 
+  // The island whose state writer `rank`'s own state is (checkpoints from
+  // before islands: its rank).
+  static int writer_island(const NamedTensors& own, int rank);
+
   // A new elastic world whose parameters (the last sync's) are in the
   // module: they become the synced ones, with the outer momentum among
   // `shared` (as shared_state() names it; zeros when absent), and an empty

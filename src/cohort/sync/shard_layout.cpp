@@ -116,7 +116,11 @@ double shard_memory_weight(const DistOptions& dist, const World& world) {
 
 std::vector<double> agree_shard_weights(Comm& comm, const DistOptions& dist) {
   std::vector<double> given = shard_weights(dist);
-  if (!given.empty()) return given;  // one per rank: validate_world
+  if (!given.empty()) {  // one per rank of the world (validate_world): this group's ranks'
+    std::vector<double> ours;
+    for (int r : comm.global_ranks()) ours.push_back(given.at(static_cast<size_t>(r)));
+    return ours;
+  }
   std::vector<double> mine(comm.size(), 0.0);
   mine[comm.rank()] = shard_memory_weight(dist, comm.world());
   return comm.all_reduce_sum(mine, "dist.shard-weights = auto");

@@ -62,9 +62,10 @@ struct ShardLayout {
 // (or the node's MemAvailable) divided among the node's local ranks.
 double shard_memory_weight(const DistOptions& dist, const World& world);
 
-// The weights every rank uses: dist.shard-weights as given (one per rank,
-// checked against the world size) or each rank's shard_memory_weight,
-// pooled with one all-reduce.
+// The weights every rank of `comm` uses: dist.shard-weights as given (one
+// per rank of the world, checked against its size; a group, an island say,
+// takes its members') or each rank's shard_memory_weight, pooled with one
+// all-reduce.
 std::vector<double> agree_shard_weights(Comm& comm, const DistOptions& dist);
 
 }  // namespace cohort

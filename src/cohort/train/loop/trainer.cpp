@@ -45,9 +45,10 @@ Trainer::Parts::Parts(Config config, Comm& c, RunOptions options)
   order = std::move(plan.order);
   total_steps = plan.total_steps;
   for (auto& note : plan.notes) run.notes.push_back(note);
-  optimizer = make_step_optimizer(comm, cfg, *task->module());
+  groups = form_replica_groups(comm, cfg);
+  optimizer = make_step_optimizer(*groups->step, cfg, *task->module());
   schedule = LrSchedule::from(cfg.optim, total_steps);
-  replicas = make_replica_sync(comm, *task->module(), *optimizer, cfg);
+  replicas = make_replica_sync(comm, *groups, *task->module(), *optimizer, cfg);
   if (const ResolvedCheckpoint* from = run.checkpoint()) {
     for (auto& note : restore_checkpoint(*from, *task, *optimizer, state_parts(), state, world, cfg.data.path,
                                          order->usable())) {

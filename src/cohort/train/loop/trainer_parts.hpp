@@ -46,6 +46,7 @@ struct Trainer::Parts {
   std::shared_ptr<const Dataset> eval_data;
   std::unique_ptr<GlobalOrder> order;
   int64_t total_steps = 0;
+  std::unique_ptr<ReplicaGroups> groups;    // who sums gradients every step, and who meets in the outer sync
   std::unique_ptr<StepOptimizer> optimizer;  // whole, or this rank's range of the state (dist.shard)
   std::unique_ptr<ReplicaSync> replicas;  // dist.sync: gradient sums every step, or local steps
   LrSchedule schedule;

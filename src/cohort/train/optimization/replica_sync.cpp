@@ -1,8 +1,7 @@
 #include "cohort/train/optimization/replica_sync.hpp"
 
-#include <torch/serialize.h>
-
-#include <sstream>
+#include <algorithm>
+#include <cstring>
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/format.hpp"
@@ -16,28 +15,9 @@ namespace cohort {
 
 namespace {
 
-constexpr char kOptimizer[] = "local.optimizer";
-
-torch::Tensor archive_bytes(torch::optim::Optimizer& optimizer) {
-  std::ostringstream os;
-  torch::save(optimizer, os);
-  std::string bytes = os.str();
-  return torch::from_blob(bytes.data(), {static_cast<int64_t>(bytes.size())}, torch::kUInt8).clone();
-}
-
-// Saved where the writer's parameters were: loaded onto this rank's device.
-void load_archive(torch::optim::Optimizer& optimizer, const torch::Tensor& bytes, const torch::Device& device) {
-  auto t = bytes.contiguous().cpu();
-  std::istringstream in(std::string(static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel())));
-  torch::load(optimizer, in, device);
-}
-
-torch::Tensor find(const NamedTensors& tensors, const std::string& name) {
-  for (const auto& [n, t] : tensors) {
-    if (n == name) return t;
-  }
-  return torch::Tensor();
-}
+// Each rank's inner optimizer state in the sync stage's own state, under
+// this prefix ("local.optimizer", "local.optimizer.exp_avg", ...).
+constexpr char kPrefix[] = "local.";
 
 // dist.sync = step: GradSync sums every step's gradients; no outer stage.
 class EveryStep : public ReplicaSync {
@@ -99,24 +79,15 @@ class EveryStep : public ReplicaSync {
 // its own, so it is part of this stage's state.
 class LocalSteps : public ReplicaSync {
  public:
-  LocalSteps(Comm& comm, torch::nn::Module& module, StepOptimizer& optimizer, const Config& cfg)
-      : comm_(comm), optimizer_(optimizer.optimizer()), dist_(cfg.dist), optim_(cfg.optim) {
-    // Where every rank runs, for dist.islands = node (auto).
-    std::vector<int> node_of;
-    for (const auto& t : comm.all_gather(torch::tensor({static_cast<int64_t>(comm.world().node_rank)}), "islands")) {
-      node_of.push_back(static_cast<int>(t.item<int64_t>()));
-    }
-    layout_ = plan_islands(comm.elastic() && dist_.islands == "auto" ? "rank" : dist_.islands, node_of);
-    COHORT_CHECK(!comm.elastic() || layout_.ranks_per_island() == 1, ConfigError, "dist.islands '", dist_.islands,
-                 "': an elastic world's members are islands of one rank (membership by island is not built); use "
-                 "auto or rank");
-    COHORT_CHECK(layout_.islands.size() > 1 || comm.size() == 1, ConfigError, "dist.islands '", dist_.islands,
-                 "' makes one island of the whole world, which has nobody to meet: use dist.sync = step");
-    groups_ = form_island_groups(comm, layout_);
-    if (groups_.inside->size() > 1) {
+  LocalSteps(Comm& comm, ReplicaGroups& groups, torch::nn::Module& module, StepOptimizer& optimizer,
+             const Config& cfg)
+      : comm_(comm), optimizer_(optimizer), dist_(cfg.dist), optim_(cfg.optim), layout_(groups.layout) {
+    Comm& inside = *groups.islands.inside;
+    if (inside.size() > 1) {
       GradSyncOptions o = grad_sync_options(cfg.dist, cfg.train.seed);
       o.compression = Compression::kNone;  // exact inside; dist.grad-compression is the change's dtype between
-      grad_sync_ = std::make_unique<GradSync>(*groups_.inside, module, o);
+      o.sink = optimizer.sink();           // dist.shard = gradients: the island's sums go straight into the ranges
+      grad_sync_ = std::make_unique<GradSync>(inside, module, o);
     }
     LocalSyncOptions o;
     o.every = cfg.dist.local_steps;
@@ -130,7 +101,7 @@ class LocalSteps : public ReplicaSync {
                  o.fragments, ", dist.outer-delay ", o.delay, ": an elastic world goes on from its last whole sync, "
                  "which a streamed sync does not have between its fragments; use 1 and 0");
     for (int r = 0; r < comm.size(); ++r) o.island_of.push_back(layout_.island_of(r));
-    local_sync_ = std::make_unique<LocalSync>(*groups_.inside, *groups_.across, module, o);
+    local_sync_ = std::make_unique<LocalSync>(inside, *groups.islands.across, module, o);
   }
 
   GradReduction& reduction() override { return grad_sync_ ? static_cast<GradReduction&>(*grad_sync_) : own_; }
@@ -141,7 +112,7 @@ class LocalSteps : public ReplicaSync {
 
   PartState capture() const override {
     PartState s{local_sync_->shared_state(), local_sync_->own_state()};
-    s.own.emplace_back(kOptimizer, archive_bytes(optimizer_));  // each rank's inner optimizer is its own
+    for (auto& [name, t] : optimizer_.own_state()) s.own.emplace_back(kPrefix + name, t);  // each island's own
     return s;
   }
 
@@ -150,13 +121,29 @@ class LocalSteps : public ReplicaSync {
     std::vector<std::string> notes;
     std::string note = local_sync_->load_state(saved.shared, by_rank, comm_.rank());
     if (!note.empty()) notes.push_back(note);
-    // Each rank's inner optimizer state; at another world size rank r takes
-    // the writer r mod (its world size)'s.
+    // The inner optimizer state of this rank's island: at another grouping,
+    // island i takes the writer's island i mod (its islands)'s.
     COHORT_CHECK(!by_rank.empty(), DataError, "local sync: the checkpoint holds no rank's state");
-    auto bytes = find(by_rank[static_cast<size_t>(comm_.rank()) % by_rank.size()], kOptimizer);
-    COHORT_CHECK(bytes.defined(), DataError, "local sync: the checkpoint lacks the ranks' inner optimizer state "
-                 "(was it written with dist.sync = step?)");
-    load_archive(optimizer_, bytes, comm_.world().device);
+    std::vector<int> writer_island;
+    for (size_t r = 0; r < by_rank.size(); ++r) {
+      writer_island.push_back(LocalSync::writer_island(by_rank[r], static_cast<int>(r)));
+    }
+    const int islands = *std::max_element(writer_island.begin(), writer_island.end()) + 1;
+    const int from = layout_.island_of(comm_.rank()) % islands;
+    std::vector<NamedTensors> island;
+    const std::string prefix = std::string(kPrefix) + "optimizer";
+    for (size_t r = 0; r < by_rank.size(); ++r) {
+      if (writer_island[r] != from) continue;
+      NamedTensors own;
+      for (const auto& [name, t] : by_rank[r]) {
+        if (name.rfind(prefix, 0) == 0) own.emplace_back(name.substr(std::strlen(kPrefix)), t);
+      }
+      COHORT_CHECK(!own.empty(), DataError, "local sync: the checkpoint lacks rank ", r, "'s inner optimizer state "
+                   "(was it written with dist.sync = step?)");
+      island.push_back(std::move(own));
+    }
+    note = optimizer_.restore_own(island);
+    if (!note.empty()) notes.push_back(note);
     return notes;
   }
 
@@ -192,11 +179,10 @@ class LocalSteps : public ReplicaSync {
 
  private:
   Comm& comm_;
-  torch::optim::Optimizer& optimizer_;
+  StepOptimizer& optimizer_;
   DistOptions dist_;
   OptimOptions optim_;
-  IslandLayout layout_;
-  IslandGroups groups_;                   // before the parts that use them, destroyed after
+  const IslandLayout& layout_;
   OwnGradients own_;                      // islands of one rank
   std::unique_ptr<GradSync> grad_sync_;   // islands of several: the exact sum inside
   std::unique_ptr<LocalSync> local_sync_;
@@ -204,9 +190,32 @@ class LocalSteps : public ReplicaSync {
 
 }  // namespace
 
-std::unique_ptr<ReplicaSync> make_replica_sync(Comm& comm, torch::nn::Module& module, StepOptimizer& optimizer,
-                                               const Config& cfg) {
-  if (cfg.dist.sync == SyncMode::kLocal) return std::make_unique<LocalSteps>(comm, module, optimizer, cfg);
+std::unique_ptr<ReplicaGroups> form_replica_groups(Comm& comm, const Config& cfg) {
+  auto g = std::make_unique<ReplicaGroups>();
+  g->step = &comm;
+  if (cfg.dist.sync != SyncMode::kLocal) return g;
+  // Where every rank runs, for dist.islands = node (auto).
+  std::vector<int> node_of;
+  for (const auto& t : comm.all_gather(torch::tensor({static_cast<int64_t>(comm.world().node_rank)}), "islands")) {
+    node_of.push_back(static_cast<int>(t.item<int64_t>()));
+  }
+  const std::string& spec = cfg.dist.islands;
+  g->layout = plan_islands(comm.elastic() && spec == "auto" ? "rank" : spec, node_of);
+  const int per_island = g->layout.ranks_per_island();
+  COHORT_CHECK(!comm.elastic() || per_island == 1, ConfigError, "dist.islands '", spec, "': an elastic world's "
+               "members are islands of one rank (membership by island is not built); use auto or rank");
+  COHORT_CHECK(g->layout.islands.size() > 1 || comm.size() == 1, ConfigError, "dist.islands '", spec,
+               "' makes one island of the whole world, which has nobody to meet: use dist.sync = step");
+  COHORT_CHECK(cfg.dist.shard == ShardMode::kNone || per_island > 1 || comm.size() == 1, ConfigError,
+               shard_needs_islands(cfg.dist));
+  g->islands = form_island_groups(comm, g->layout);
+  g->step = g->islands.inside.get();
+  return g;
+}
+
+std::unique_ptr<ReplicaSync> make_replica_sync(Comm& comm, ReplicaGroups& groups, torch::nn::Module& module,
+                                               StepOptimizer& optimizer, const Config& cfg) {
+  if (cfg.dist.sync == SyncMode::kLocal) return std::make_unique<LocalSteps>(comm, groups, module, optimizer, cfg);
   return std::make_unique<EveryStep>(comm, module, optimizer, cfg);
 }
 

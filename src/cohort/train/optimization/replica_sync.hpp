@@ -15,6 +15,7 @@
 
 #include "cohort/ckpt/state_part.hpp"
 #include "cohort/config/config.hpp"
+#include "cohort/sync/islands.hpp"
 
 namespace cohort {
 
@@ -57,10 +58,24 @@ class ReplicaSync : public StatePart {
   std::string describe() const override = 0;
 };
 
+// Whom this rank sums its gradients with every step, and whom it meets in
+// the outer sync: made before the optimizer, which shards its state over
+// the ranks that step together (dist.shard), and outliving both.
+struct ReplicaGroups {
+  IslandLayout layout;   // dist.sync = local: the islands (flat: one rank each)
+  IslandGroups islands;  // dist.sync = local: this rank's island, and its peers across the islands
+  Comm* step = nullptr;  // the ranks that sum gradients every step: the world, or this rank's island
+};
+
+// Collective under dist.sync = local (the islands' groups form). ConfigError,
+// one line, for a layout the world cannot hold, or dist.shard over islands
+// of one rank.
+std::unique_ptr<ReplicaGroups> form_replica_groups(Comm& comm, const Config& cfg);
+
 // After the module's first broadcast (every rank holds the same weights):
-// the stage dist.sync names. `optimizer`'s sink, when it keeps gradients in
-// ranges, receives GradSync's sums.
-std::unique_ptr<ReplicaSync> make_replica_sync(Comm& comm, torch::nn::Module& module, StepOptimizer& optimizer,
-                                               const Config& cfg);
+// the stage dist.sync names. `optimizer` steps over `groups.step`; its
+// sink, when it keeps gradients in ranges, receives GradSync's sums.
+std::unique_ptr<ReplicaSync> make_replica_sync(Comm& comm, ReplicaGroups& groups, torch::nn::Module& module,
+                                               StepOptimizer& optimizer, const Config& cfg);
 
 }  // namespace cohort

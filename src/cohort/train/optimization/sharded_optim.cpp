@@ -63,7 +63,8 @@ std::string ShardedOptimizer::describe() const {
   std::vector<std::string> w;
   for (double x : layout_.weights) w.push_back(strf("%g", x));
   return "cohort: " + layout_.describe(name_of(mode_)) + "; weights " + detail::join(w, ",") +
-         (auto_weights_ ? " (auto: GiB of memory per rank)" : "");
+         (auto_weights_ ? " (auto: GiB of memory per rank)" : "") +
+         (comm_.is_group() ? "; in each island, over its ranks" : "");
 }
 
 torch::Tensor ShardedOptimizer::grad_of(const Segment& s) const {
@@ -244,9 +245,13 @@ void ShardedOptimizer::set_steps(const torch::Tensor& steps) {
   for (size_t k = 0; k < steps_.size(); ++k) steps_[k] = s.data_ptr<int64_t>()[k];
 }
 
-void ShardedOptimizer::take_whole(torch::optim::Optimizer& whole) {
+bool ShardedOptimizer::take_whole(torch::optim::Optimizer& whole) {
   torch::NoGradGuard no_grad;
+  for (size_t g = 0; g < whole.param_groups().size(); ++g) {  // its options, as a whole reader takes them
+    param_groups().at(g).set_options(whole.param_groups()[g].options().clone());
+  }
   auto& state = whole.state();
+  if (state.empty()) return false;
   for (size_t k = 0; k < params_.size(); ++k) {
     auto it = state.find(params_[k].unsafeGetTensorImpl());
     if (it == state.end()) continue;  // never stepped
@@ -254,6 +259,37 @@ void ShardedOptimizer::take_whole(torch::optim::Optimizer& whole) {
     steps_[k] = st.step();
     take(starts_[k], st.exp_avg(), st.exp_avg_sq());
   }
+  return true;
+}
+
+NamedTensors ShardedOptimizer::own_state() const {
+  NamedTensors out;
+  for (const auto& [name, t] : range_state()) out.emplace_back("optimizer." + name, t);
+  return out;
+}
+
+std::string ShardedOptimizer::restore_own(const std::vector<NamedTensors>& island) {
+  COHORT_CHECK(!island.empty(), DataError, "optimizer state: the checkpoint holds no rank's");
+  if (torch::Tensor archive = named_or_none(island.front(), "optimizer"); archive.defined()) {
+    torch::optim::AdamW whole(param_groups(), torch::optim::AdamWOptions());
+    load_archive(whole, archive, torch::Device(torch::kCPU));
+    take_whole(whole);
+    return "dist.shard: the island's optimizer state was whole; each rank took its range of it";
+  }
+  RangeSource src = own_ranges(island, layout_.total());
+  COHORT_CHECK(!src.ranges.empty(), DataError, "optimizer state: the checkpoint holds neither a whole optimizer nor "
+               "ranges of one for this rank");
+  torch::NoGradGuard no_grad;
+  src.for_each(lo(), hi(), layout_.total() + 1,
+               [this](int64_t at, const torch::Tensor& m, const torch::Tensor& v) { take(at, m, v); });
+  set_steps(src.steps());
+  bool same = static_cast<int>(src.ranges.size()) == layout_.groups();
+  for (size_t g = 0; same && g < src.ranges.size(); ++g) {
+    same = src.ranges[g].lo == layout_.lo(static_cast<int>(g)) && src.ranges[g].hi == layout_.hi(static_cast<int>(g));
+  }
+  if (same) return "";
+  return strf("dist.shard: re-sharded the island's optimizer state from %zu range(s) to %d", src.ranges.size(),
+              layout_.groups());
 }
 
 NamedTensors ShardedOptimizer::held_ranges() const {
@@ -270,10 +306,7 @@ std::string ShardedOptimizer::restore(const ResolvedCheckpoint& from) {
     // A whole state: read it beside the parameters, keep this rank's range.
     torch::optim::AdamW whole(param_groups(), torch::optim::AdamWOptions());
     torch::load(whole, archive, torch::Device(torch::kCPU));
-    take_whole(whole);
-    for (size_t g = 0; g < whole.param_groups().size(); ++g) {  // its options, as a whole reader takes them
-      param_groups().at(g).set_options(whole.param_groups()[g].options().clone());
-    }
+    if (!take_whole(whole)) return "";  // dist.sync = local's checkpoints keep the islands' states apart
     return "dist.shard: the checkpoint's optimizer state was whole; this rank kept its range of it";
   }
   COHORT_CHECK(rec.bounds.back() == layout_.total(), DataError, from.dir, ": its optimizer ranges cover ",
@@ -292,7 +325,9 @@ void ShardedOptimizer::write_ranges(Comm& comm, Checkpoints& checkpoints, int64_
   on_main_then_agree(comm, "checkpoint directory", [&] { checkpoints.begin(step); });
   try {
     on_each_then_agree(comm, "checkpoint range write", [&] {
-      if (!layout_.primary(comm.rank())) return;
+      // Sharded over an island (dist.sync = local): the first island's
+      // state is the checkpoint's, as rank 0's whole optimizer is.
+      if (!layout_.primary(comm_.rank()) || comm_.global_ranks().front() != 0) return;
       std::string path = checkpoints.temp_dir(step) + "/" + ShardRecord::file(group_);
       try {
         save_safetensors(path, range_state(), {{"lo", std::to_string(lo())}, {"hi", std::to_string(hi())}});

@@ -58,6 +58,8 @@ class ShardedOptimizer : public torch::optim::AdamW, public GradShardSink, publi
   std::string restore(const ResolvedCheckpoint& from) override;
   NamedTensors held_ranges() const override;
   std::string adopt_ranges(Comm& comm, const Handover* held, int64_t step) override;
+  NamedTensors own_state() const override;
+  std::string restore_own(const std::vector<NamedTensors>& island) override;
   // The start-up line: the layout and what this rank holds.
   std::string describe() const override;
 
@@ -80,8 +82,9 @@ class ShardedOptimizer : public torch::optim::AdamW, public GradShardSink, publi
   void take(int64_t from, const torch::Tensor& exp_avg, const torch::Tensor& exp_avg_sq);
   void set_steps(const torch::Tensor& steps);
   // From a whole optimizer's state over the same parameters (an unsharded
-  // checkpoint): its range and the step counts.
-  void take_whole(torch::optim::Optimizer& whole);
+  // checkpoint): its options, its range and the step counts. False when it
+  // holds no state.
+  bool take_whole(torch::optim::Optimizer& whole);
 
  private:
   struct Segment {

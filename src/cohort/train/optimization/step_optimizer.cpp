@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <sstream>
 
 #include "cohort/core/format.hpp"
 #include "cohort/train/optimization/optim.hpp"
@@ -64,6 +65,70 @@ RangeSource read_ranges(const ResolvedCheckpoint& from) {
   return src;
 }
 
+torch::Tensor archive_bytes(torch::optim::Optimizer& optimizer) {
+  std::ostringstream os;
+  torch::save(optimizer, os);
+  std::string bytes = os.str();
+  return torch::from_blob(bytes.data(), {static_cast<int64_t>(bytes.size())}, torch::kUInt8).clone();
+}
+
+void load_archive(torch::optim::Optimizer& optimizer, const torch::Tensor& bytes, const torch::Device& device) {
+  auto t = bytes.contiguous().cpu();
+  std::istringstream in(std::string(static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel())));
+  torch::load(optimizer, in, device);
+}
+
+torch::Tensor named_or_none(const NamedTensors& tensors, const std::string& name) {
+  for (const auto& [n, t] : tensors) {
+    if (n == name) return t;
+  }
+  return torch::Tensor();
+}
+
+RangeSource own_ranges(const std::vector<NamedTensors>& island, int64_t total) {
+  struct Held {
+    RangeSource::Range range;
+    torch::Tensor exp_avg, exp_avg_sq, steps;
+  };
+  auto held = std::make_shared<std::vector<Held>>();
+  for (const auto& own : island) {
+    torch::Tensor r = named_or_none(own, "optimizer.range");
+    if (!r.defined()) continue;
+    r = r.to(torch::kInt64).contiguous();
+    COHORT_CHECK(r.numel() == 2, DataError, "optimizer state: a range of ", r.numel(), " bounds");
+    Held h{{r.data_ptr<int64_t>()[0], r.data_ptr<int64_t>()[1]}, named_or_none(own, "optimizer.exp_avg"),
+           named_or_none(own, "optimizer.exp_avg_sq"), named_or_none(own, "optimizer.steps")};
+    const int64_t n = h.range.hi - h.range.lo;
+    COHORT_CHECK(h.exp_avg.defined() && h.exp_avg_sq.defined() && h.steps.defined() && h.exp_avg.numel() == n &&
+                     h.exp_avg_sq.numel() == n,
+                 DataError, "optimizer state: the range [", h.range.lo, ", ", h.range.hi,
+                 ") lacks its moments or step counts, or holds another number of values");
+    h.exp_avg = h.exp_avg.reshape({-1});
+    h.exp_avg_sq = h.exp_avg_sq.reshape({-1});
+    bool seen = false;  // dist.shard-replicas = 2: two holders of one range
+    for (const auto& x : *held) seen = seen || (x.range.lo == h.range.lo && x.range.hi == h.range.hi);
+    if (!seen) held->push_back(std::move(h));
+  }
+  std::sort(held->begin(), held->end(), [](const Held& a, const Held& b) { return a.range.lo < b.range.lo; });
+  RangeSource src;
+  if (held->empty()) return src;
+  int64_t covered = 0;
+  for (const auto& h : *held) {
+    COHORT_CHECK(h.range.lo <= covered, DataError, "optimizer state: no rank holds [", covered, ", ", h.range.lo,
+                 ") of the optimizer's ", total, " values");
+    covered = std::max(covered, h.range.hi);
+    src.ranges.push_back(h.range);
+  }
+  COHORT_CHECK(covered == total, DataError, "optimizer state: the ranges cover ", covered, " values, the model has ",
+               total);
+  src.piece = [held](size_t i, int64_t at, int64_t n) {
+    const Held& h = held->at(i);
+    return std::make_pair(h.exp_avg.narrow(0, at - h.range.lo, n), h.exp_avg_sq.narrow(0, at - h.range.lo, n));
+  };
+  src.steps = [held] { return held->front().steps; };
+  return src;
+}
+
 namespace {
 
 // A whole optimizer (make_optimizer's) over every trainable parameter.
@@ -79,30 +144,54 @@ class WholeOptimizer : public StepOptimizer {
   std::string restore(const ResolvedCheckpoint& from) override {
     // Saved where the writer's parameters were: the state goes where this
     // rank's are.
-    const auto params = module_.parameters();
-    const torch::Device device = params.empty() ? torch::Device(torch::kCPU) : params[0].device();
     if (!from.state.shard.sharded()) {
-      torch::load(*optimizer_, from.file("optimizer.pt"), device);
+      torch::load(*optimizer_, from.file("optimizer.pt"), device());
       return "";
     }
-    return join(from);
+    const ShardRecord& rec = from.state.shard;
+    COHORT_CHECK(rec.bounds.back() == total(), DataError, from.dir, ": its optimizer ranges cover ",
+                 rec.bounds.back(), " parameters, this model has ", total());
+    join(read_ranges(from));
+    return strf("dist.shard: joined the checkpoint's %d optimizer range(s) into one whole state", rec.groups());
+  }
+
+  NamedTensors own_state() const override { return {{"optimizer", archive_bytes(*optimizer_)}}; }
+
+  std::string restore_own(const std::vector<NamedTensors>& island) override {
+    COHORT_CHECK(!island.empty(), DataError, "optimizer state: the checkpoint holds no rank's");
+    if (torch::Tensor archive = named_or_none(island.front(), "optimizer"); archive.defined()) {
+      load_archive(*optimizer_, archive, device());
+      return "";
+    }
+    RangeSource src = own_ranges(island, total());
+    COHORT_CHECK(!src.ranges.empty(), DataError, "optimizer state: the checkpoint holds neither a whole optimizer "
+                 "nor ranges of one for this rank");
+    join(src);
+    return strf("dist.shard: joined the island's %zu optimizer range(s) into one whole state", src.ranges.size());
   }
 
  private:
-  // A sharded checkpoint: every range into this whole optimizer's state.
-  std::string join(const ResolvedCheckpoint& from) {
+  torch::Device device() const {
+    const auto params = module_.parameters();
+    return params.empty() ? torch::Device(torch::kCPU) : params[0].device();
+  }
+  int64_t total() const {
+    int64_t n = 0;
+    for (auto& p : module_.parameters()) n += p.requires_grad() ? p.numel() : 0;
+    return n;
+  }
+
+  // Ranges of a sharded state (a checkpoint's files, or ranks' own states)
+  // into this whole optimizer's state.
+  void join(const RangeSource& src) {
     std::vector<torch::Tensor> params;
     for (auto& p : module_.parameters()) {
       if (p.requires_grad()) params.push_back(p);
     }
     std::vector<int64_t> starts(params.size() + 1, 0);
     for (size_t k = 0; k < params.size(); ++k) starts[k + 1] = starts[k] + params[k].numel();
-    const ShardRecord& rec = from.state.shard;
-    COHORT_CHECK(rec.bounds.back() == starts.back(), DataError, from.dir, ": its optimizer ranges cover ",
-                 rec.bounds.back(), " parameters, this model has ", starts.back());
-    RangeSource src = read_ranges(from);
     const auto steps = src.steps().to(torch::kInt64).contiguous();
-    COHORT_CHECK(steps.numel() == static_cast<int64_t>(params.size()), DataError, from.dir, ": ", steps.numel(),
+    COHORT_CHECK(steps.numel() == static_cast<int64_t>(params.size()), DataError, "optimizer state: ", steps.numel(),
                  " step counts for ", params.size(), " parameters");
     torch::NoGradGuard no_grad;
     auto& state = optimizer_->state();
@@ -124,7 +213,6 @@ class WholeOptimizer : public StepOptimizer {
         st.exp_avg_sq().view({-1}).narrow(0, a - starts[k], b - a).copy_(v.narrow(0, a - at, b - a));
       }
     });
-    return strf("dist.shard: joined the checkpoint's %d optimizer range(s) into one whole state", rec.groups());
   }
 
   std::unique_ptr<torch::optim::Optimizer> optimizer_;

@@ -102,9 +102,35 @@ class StepOptimizer {
   // (after the whole archive every rank took from rank 0). A note for the
   // log, or "" when whole; ShardsLost when a range has no holder left.
   virtual std::string adopt_ranges(Comm& /*comm*/, const Handover* /*held*/, int64_t /*step*/) { return ""; }
+  // --- Its state as each rank's own. Under dist.sync = local every island
+  // steps its own optimizer, so the sync stage keeps every rank's state in
+  // the checkpoint (beside the range files or optimizer.pt, which hold the
+  // first island's).
+  // What this rank holds: a whole optimizer's archive ("optimizer"), or its
+  // range of the moments ("optimizer.exp_avg", "optimizer.exp_avg_sq",
+  // "optimizer.steps", "optimizer.range").
+  virtual NamedTensors own_state() const = 0;
+  // From the own states of one writer island's ranks (in their rank order),
+  // whichever kind wrote them: a whole archive, or ranges that cover the
+  // parameters. A note when the state was re-laid (joined, re-sharded),
+  // else "".
+  virtual std::string restore_own(const std::vector<NamedTensors>& island) = 0;
+
   // The start-up line, or "".
   virtual std::string describe() const { return ""; }
 };
+
+// An optimizer's torch::save archive as bytes, and back onto `device` (a
+// checkpoint's tensors are read on the CPU).
+torch::Tensor archive_bytes(torch::optim::Optimizer& optimizer);
+void load_archive(torch::optim::Optimizer& optimizer, const torch::Tensor& bytes, const torch::Device& device);
+// The tensor called `name`, or an undefined one.
+torch::Tensor named_or_none(const NamedTensors& tensors, const std::string& name);
+
+// The ranges among own states (StepOptimizer::own_state), each once, in
+// order; a source with no ranges when they hold a whole archive instead.
+// DataError when they leave part of [0, total) uncovered.
+RangeSource own_ranges(const std::vector<NamedTensors>& island, int64_t total);
 
 // make_optimizer's whole optimizer, or a ShardedOptimizer when dist.shard
 // is on (collective then: the ranks agree on the layout).
