@@ -23,7 +23,9 @@ batch, constant learning rate, AdamW, clipping, bf16 autocast) with:
                (dist.islands = node: exact inside a host, each island rank
                sends 1/k of the change); suffixes: -fF streams it in F
                fragments, -dD lands each D steps after it is sent, -bf16 or
-               -int8 its wire form (islands-8-f4-d1-int8)
+               -int8 its wire form between islands, -wW the gradients' wire
+               inside an island (fp32, bf16, fp16; exact fp64 otherwise), as in
+               islands-8-f4-d1-int8-wbf16
   ddp          PyTorch DistributedDataParallel (bench/peers/bert_pretrain.py,
                the same network written out in PyTorch, MLM at the masked
                positions as Cohort computes it)
@@ -50,7 +52,7 @@ to each other inside the host, unshaped: 2 hosts x 2 ranks are 2 islands.
 
 Usage: /opt/cohort/venv/bin/python3 bench/slow_link.py [--hosts 2,4] [--links 100mbit,1gbit]
            [--methods exact,bf16,powersgd,local-8,local-32,ddp,ddp-powersgd] [--target-step 80]
-           [--ranks-per-host 1] [--eval-every 10] [--eval-rows 256] [--data data/gcide] [--build build]
+           [--ranks-per-host 1] [--eval-every 10] [--eval-rows 256] [--seed S] [--data data/gcide] [--build build]
 """
 import argparse
 import json
@@ -196,6 +198,8 @@ def cohort_cmd(args, method, hosts, i, out, steps):
            "--ckpt.every-steps", "0", "--dist.timeout", "600", "--out", out, "--overwrite",
            "--init-method", "tcp://%s:29650" % hosts.address(0), "--nnodes", str(hosts.n), "--node-rank", str(i),
            "--nproc-per-node", str(args.ranks_per_host)]
+    if args.seed is not None:
+        cmd += ["--train.seed", str(args.seed)]
     if method == "exact":
         cmd += ["--dist.grad-compression", "fp32"]
     elif method == "bf16":
@@ -215,6 +219,8 @@ def cohort_cmd(args, method, hosts, i, out, steps):
                 cmd += ["--dist.outer-fragments", p[1:]]
             elif p.startswith("d"):
                 cmd += ["--dist.outer-delay", p[1:]]
+            elif p.startswith("w"):
+                cmd += ["--dist.island-compression", p[1:]]
             else:
                 cmd += ["--dist.grad-compression", p]
     return cmd
@@ -340,6 +346,8 @@ def main():
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--target-loss", type=float, default=0.0, help="instead of exact's at step N (a partial rerun)")
     ap.add_argument("--eval-rows", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=None, help="Cohort's train.seed (model, masks, order); the peers "
+                    "keep theirs")
     ap.add_argument("--batch", type=int, default=32, help="global batch")
     ap.add_argument("--rank", type=int, default=4, help="PowerSGD's rank (Cohort and DDP)")
     ap.add_argument("--data", default=os.path.join(ROOT, "data", "gcide"))

@@ -8,6 +8,7 @@
 
 #include "cohort/distributed/comm.hpp"
 #include "cohort/sync/grad_sync.hpp"
+#include "cohort/sync/local_sync.hpp"
 #include "cohort/sync/powersgd.hpp"
 #include "helpers.hpp"
 #include "thread_world.hpp"
@@ -244,10 +245,47 @@ TEST(Islands, TrainAsOneRankEachAndOneStepWindowsAreExactTraining) {
   EXPECT_GT(std::abs(c[5] - a[5]), 1e-6) << "4-step windows drift apart between syncs: not exact training";
 }
 
+// Error feedback: what the wire's rounding leaves out of a change goes with
+// the next sync, so the synced model misses at most one rounding of the
+// change however many syncs ran; without it the same rounding is lost at
+// every sync. Two flat ranks move every value by the same step each window,
+// which bf16 rounds the same way every time; the reference is the same run
+// with the change in fp32.
+TEST(LocalSync, ErrorFeedbackLosesNoPartOfTheChangeForGood) {
+  constexpr int kSyncs = 200;
+  constexpr double kStep = 1e-3 / 3;
+  std::vector<torch::Tensor> last(3);  // fp32, bf16, bf16 with error feedback
+  for (int run = 0; run < 3; ++run) {
+    spawn_world(2, [&](Comm& comm) {
+      auto island = comm.split({comm.rank()}, "island/" + std::to_string(comm.rank()));
+      torch::nn::Linear net(16, 16);
+      torch::NoGradGuard no_grad;
+      for (auto& p : net->parameters()) p.fill_(1.0);
+      LocalSyncOptions o;
+      o.every = 1;
+      o.outer_lr = 1;
+      o.outer_momentum = 0;
+      o.wire = run == 0 ? Compression::kNone : Compression::kBf16;
+      o.error_feedback = run == 2;
+      LocalSync sync(*island, comm, *net, o);
+      for (int step = 1; step <= kSyncs; ++step) {
+        for (auto& p : net->parameters()) p.sub_(kStep);
+        EXPECT_TRUE(sync.after_step(step, 1, false));
+      }
+      if (comm.rank() == 0) last[static_cast<size_t>(run)] = net->weight.clone();
+    });
+  }
+  const double with = (last[2] - last[0]).abs().max().item<double>();
+  const double without = (last[1] - last[0]).abs().max().item<double>();
+  EXPECT_LT(with, 2e-6) << "with error feedback: one bf16 rounding of a step, at most";
+  EXPECT_GT(without, 20 * with) << "without: the rounding of every sync adds up";
+}
+
 // Each island's inner step keeps everything the exact step has: sharding
 // its AdamW state over the island's ranks (optimizer, or gradients too)
-// trains as the unsharded islands do (the same elementwise update), and
-// dist.shard-weights gives each island its members' weights.
+// trains as the unsharded islands do (the same elementwise update),
+// dist.shard-weights gives each island its members' weights, and the sum
+// inside an island takes another wire dtype.
 TEST(Islands, ShardedInsideTrainAsUnsharded) {
   TempDir tmp;
   cohort::test::write_tiny_dataset(tmp, 40);
@@ -270,14 +308,32 @@ TEST(Islands, ShardedInsideTrainAsUnsharded) {
     ASSERT_EQ(b.size(), 12u);
     for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-6 * std::abs(a[i])) << mode << " step " << i + 1;
   }
-  // Islands of one rank have nobody to share the state with: one line, at
-  // the launch, nothing written.
+  // Any wire inside an island: bf16 rounds the island's gradient sum, so
+  // the run is close to the exact one and not the same.
+  auto bf16 = run_cohort(common + " --dist.island-compression bf16 --dist.shard optimizer --out " + (tmp / "bf16"));
+  ASSERT_EQ(bf16.code, 0) << bf16.err;
+  EXPECT_NE(bf16.out.find("gradients summed in bf16 inside each"), std::string::npos) << bf16.out;
+  const auto h = cohort::test::train_losses(tmp / "bf16");
+  ASSERT_EQ(h.size(), 12u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(h[i], a[i], 2e-2 * std::abs(a[i])) << "bf16 step " << i + 1;
+  EXPECT_NE(h[11], a[11]) << "bf16 rounds the sum inside the island";
+  // Islands of one rank have nobody to share the state with, and no sum
+  // inside to compress: one line each, at the launch, nothing written.
   auto flat = run_cohort("train" + kSlowTiny + "--oversubscribe --nproc-per-node 4 --data.path " + tmp.path() +
                          " --dist.sync local --dist.islands rank --dist.shard optimizer --out " + (tmp / "flat"));
   EXPECT_EQ(flat.code, 2) << flat.err;
   EXPECT_NE(flat.err.find("gives islands of one rank, each stepping alone"), std::string::npos) << flat.err;
   EXPECT_EQ(cohort::test::lines_of(flat.err).size(), 1u) << flat.err;
   EXPECT_FALSE(std::filesystem::exists(tmp / "flat"));
+  for (const char* islands : {"rank", "auto"}) {
+    auto none = run_cohort("train" + kSlowTiny + "--oversubscribe --nproc-per-node 2 --data.path " + tmp.path() +
+                           " --dist.sync local --dist.island-compression fp32 --dist.islands " + islands +
+                           " --out " + (tmp / "flat"));
+    EXPECT_EQ(none.code, 2) << none.err;
+    EXPECT_NE(none.err.find("dist.island-compression"), std::string::npos) << none.err;
+    EXPECT_EQ(cohort::test::lines_of(none.err).size(), 1u) << none.err;
+    EXPECT_FALSE(std::filesystem::exists(tmp / "flat"));
+  }
 }
 
 // A checkpoint in the middle of a window resumes bit for bit with the same
@@ -310,13 +366,17 @@ TEST_P(IslandsResume, MidWindowIsBitIdentical) {
                                "island(s)"), std::string::npos) << regrouped.out;
 }
 
+std::string resume_case_name(size_t index) {
+  const std::vector<std::string> names = {"Blocking", "Streamed", "StreamedInt8", "StreamedInt8Feedback"};
+  return names.at(index);
+}
+
 INSTANTIATE_TEST_SUITE_P(Syncs, IslandsResume,
                          ::testing::Values("", "--dist.outer-fragments 2 --dist.outer-delay 1 --optim.outer-mix 0.5",
-                                           "--dist.outer-fragments 2 --dist.outer-delay 1 --dist.grad-compression int8"),
-                         [](const auto& info) {
-                           return std::string(info.index == 0 ? "Blocking" : info.index == 1 ? "Streamed"
-                                                                                             : "StreamedInt8");
-                         });
+                                           "--dist.outer-fragments 2 --dist.outer-delay 1 --dist.grad-compression int8",
+                                           "--dist.outer-fragments 2 --dist.outer-delay 1 --dist.grad-compression int8 "
+                                           "--dist.outer-error-feedback"),
+                         [](const auto& info) { return resume_case_name(info.index); });
 
 TEST(Islands, LayoutsTheWorldCannotHoldAreConfigErrors) {
   TempDir tmp;

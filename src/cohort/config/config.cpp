@@ -282,10 +282,16 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
        "smaller sums); must divide dist.local-steps");
   bind("dist.outer-delay", c.dist.outer_delay, "dist.sync = local: inner steps a fragment's sum travels while training "
        "goes on before it is applied (0: each sum blocks); below dist.local-steps / dist.outer-fragments");
+  bind("dist.outer-error-feedback", c.dist.outer_error_feedback, "dist.sync = local with dist.grad-compression "
+       "bf16, fp16 or int8: each rank keeps what rounding its change left out and adds it to its next sync's (error "
+       "feedback), so that no part of the change is lost for good");
   bind("dist.islands", c.dist.islands, "dist.sync = local: ranks that train one model exactly together (gradients "
        "summed every step) and meet the other islands in the outer sync: node = one island per node, rank = every "
        "rank its own (flat local steps), sizes = consecutive ranks (e.g. 2, or 2,2); auto = node when there are "
        "several nodes of equal rank counts above 1, else rank; on resume another grouping merges the open window");
+  bind("dist.island-compression", c.dist.island_compression, "dist.sync = local with islands of several ranks: the "
+       "gradients on the wire inside an island, summed every step: none = exact (fp64), fp32, bf16 or fp16, as "
+       "dist.grad-compression is for dist.sync = step");
   bind("dist.shard", c.dist.shard, "ZeRO: none; optimizer = each rank keeps the AdamW/LAMB state of its range of the "
        "parameters and updates only that range (stage 1); gradients = each rank also keeps only its range's gradients "
        "(stage 2); under dist.sync = local, over the ranks of each island (dist.islands)");
@@ -901,6 +907,16 @@ const std::vector<InertRule>& inert_rules() {
       {"dist.islands", [](const Config& c) { return c.dist.sync == SyncMode::kStep && c.dist.islands != dist.islands; },
        [](Config& c) { c.dist.islands = dist.islands; },
        [](const Config& c) { return c.dist.islands; }, every_step},
+      {"dist.island-compression", [](const Config& c) { return (c.dist.sync == SyncMode::kStep || c.dist.islands == "rank") && c.dist.island_compression != dist.island_compression; },
+       [](Config& c) { c.dist.island_compression = dist.island_compression; },
+       [](const Config& c) { return std::string(name_of(c.dist.island_compression)); },
+       "applies inside islands of several ranks (dist.sync = local, dist.islands node or sizes); flat local steps and "
+       "dist.sync = step have none (use dist.grad-compression): drop the key"},
+      {"dist.outer-error-feedback", [](const Config& c) { return c.dist.outer_error_feedback && (c.dist.sync == SyncMode::kStep || (c.dist.grad_compression != Compression::kBf16 && c.dist.grad_compression != Compression::kFp16 && c.dist.grad_compression != Compression::kInt8)); },
+       [](Config& c) { c.dist.outer_error_feedback = dist.outer_error_feedback; },
+       [](const Config& c) { return std::string(c.dist.outer_error_feedback ? "true" : "false"); },
+       "applies to a rounded outer sync (dist.sync = local with dist.grad-compression bf16, fp16 or int8); an fp32 "
+       "change loses nothing: set one of those, or drop the key"},
       {"dist.outer-fragments", [](const Config& c) { return c.dist.sync == SyncMode::kStep && c.dist.outer_fragments != dist.outer_fragments; },
        [](Config& c) { c.dist.outer_fragments = dist.outer_fragments; },
        [](const Config& c) { return std::to_string(c.dist.outer_fragments); }, every_step},
@@ -1036,6 +1052,9 @@ void validate(const Config& c) {
   require(c.dist.sync == SyncMode::kLocal || c.dist.grad_compression != Compression::kInt8, "dist.grad-compression",
           "int8", "quantizes the outer sync's parameter change (dist.sync = local), gathered and added in fp32; a "
           "gradient sum in int8 would wrap: use bf16 or powersgd for dist.sync = step");
+  require(c.dist.island_compression != Compression::kPowerSgd && c.dist.island_compression != Compression::kInt8,
+          "dist.island-compression", name_of(c.dist.island_compression), "must be none, fp32, bf16 or fp16: an "
+          "island's ranks sum whole gradients every step (int8 would wrap; PowerSGD is for slow links)");
   require(c.dist.sync == SyncMode::kStep || c.dist.grad_compression != Compression::kPowerSgd,
           "dist.grad-compression", "powersgd", "compresses the gradient all-reduce, which dist.sync = local does "
           "not have: use none or bf16 for the parameter change");
@@ -1099,6 +1118,10 @@ void validate_world(const Config& c, int world_size, bool one_node) {
                         (!sizes.empty() && sizes.front() == 1);
     COHORT_CHECK(c.dist.shard == ShardMode::kNone || !single || world_size == 1, ConfigError,
                  shard_needs_islands(c.dist));
+    COHORT_CHECK(c.dist.island_compression == Compression::kNone || !single || world_size == 1, ConfigError,
+                 "dist.island-compression ", name_of(c.dist.island_compression), " applies inside islands of several "
+                 "ranks, but dist.islands '", c.dist.islands, "' gives islands of one rank: drop the key, or set "
+                 "dist.islands to node or a size above 1");
   }
   if (c.dist.shard == ShardMode::kNone || c.dist.shard_replicas == 1) return;
   const int replicas = static_cast<int>(c.dist.shard_replicas);

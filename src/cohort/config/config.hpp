@@ -108,8 +108,10 @@ struct DistOptions {
   SyncMode sync = SyncMode::kStep;    // step: exact all-reduce every step; local: DiLoCo-style
   int64_t local_steps = 8;            // local: inner steps between outer syncs
   std::string islands = "auto";       // local: ranks that step exactly together (auto, node, rank, sizes "2,2")
+  Compression island_compression = Compression::kNone;  // local: the gradients' dtype inside an island
   int64_t outer_fragments = 1;        // local: the change sent in fragments, one every local-steps / fragments
   int64_t outer_delay = 0;            // local: steps a fragment's sum travels while training goes on
+  bool outer_error_feedback = false;  // local, a narrow wire: what rounding left out goes with the next sync
   BackendKind backend = BackendKind::kAuto;  // CUDA tensors: auto = NCCL when built with it
   ShardMode shard = ShardMode::kNone;  // optimizer state (and gradients) split over ranks
   std::string shard_weights = "auto";  // "auto" (free memory) or one weight per rank: "2,1"

@@ -20,6 +20,7 @@ constexpr char kIsland[] = "local.island";
 constexpr char kInFlight[] = "local.in-flight";                   // fragment, due step, delayed
 constexpr char kInFlightSent[] = "local.in-flight.sent";          // this rank's weighted slice
 constexpr char kInFlightSamples[] = "local.in-flight.samples";    // this rank's, its island's
+constexpr char kRemainder[] = "local.error-feedback";              // what rounding left out, per value
 
 // int8 on the wire: each block of this many values as one byte each, with
 // an fp32 scale (its largest magnitude / 127) in front of the payload.
@@ -74,6 +75,7 @@ LocalSync::LocalSync(Comm& inside, Comm& across, torch::nn::Module& module, Loca
   }
   anchor_ = flat_params();
   momentum_ = torch::zeros_like(anchor_);
+  if (opts_.error_feedback) remainder_ = torch::zeros_like(anchor_);
   samples_.assign(static_cast<size_t>(opts_.fragments), 0.0);
 }
 
@@ -174,11 +176,18 @@ void LocalSync::start(int64_t f, int64_t due, bool delayed) {
   flight->island_samples = island;
   const Range s = slice(fragment(f));
   torch::Tensor change = anchor_.narrow(0, s.lo, s.size()) - flat_params().narrow(0, s.lo, s.size());
-  change.mul_(island);
-  if (opts_.wire == Compression::kBf16) change = change.to(torch::kBFloat16);
-  if (opts_.wire == Compression::kFp16) change = change.to(torch::kFloat16);
-  if (opts_.wire == Compression::kInt8) change = quantize(change.cpu());
-  flight->sent = change.contiguous();
+  if (remainder_.defined()) change.add_(remainder_.narrow(0, s.lo, s.size()));
+  torch::Tensor sent = change * island;
+  if (opts_.wire == Compression::kBf16) sent = sent.to(torch::kBFloat16);
+  if (opts_.wire == Compression::kFp16) sent = sent.to(torch::kFloat16);
+  if (opts_.wire == Compression::kInt8) sent = quantize(sent.cpu());
+  flight->sent = sent.contiguous();
+  if (remainder_.defined()) {  // what the wire carries, per sample, taken from what it should have
+    torch::Tensor carried = opts_.wire == Compression::kInt8 ? dequantize(flight->sent, s.size()).to(change.device())
+                                                             : flight->sent.to(torch::kFloat32);
+    if (island > 0) change.sub_(carried.div_(island));
+    remainder_.narrow(0, s.lo, s.size()).copy_(change);
+  }
   launch(*flight);
   in_flight_ = std::move(flight);
 }
@@ -254,6 +263,7 @@ void LocalSync::restart(const NamedTensors& shared) {
     momentum_.copy_(momentum.reshape({-1}));  // copy_ crosses devices
   }
   std::fill(samples_.begin(), samples_.end(), 0.0);
+  if (remainder_.defined()) remainder_.zero_();  // each rank's, of the old world
   in_flight_.reset();  // an elastic world syncs whole, blocking: nothing travels between steps
   stash_ = torch::Tensor();
 }
@@ -271,6 +281,7 @@ NamedTensors LocalSync::own_state() const {
   NamedTensors out{{kParams, stash_.defined() ? stash_ : flat_params()},
                    {kSamples, torch::tensor(samples_, torch::kFloat64)},
                    {kIsland, torch::tensor({static_cast<int64_t>(across_.rank())}, torch::kInt64)}};
+  if (remainder_.defined()) out.emplace_back(kRemainder, remainder_);
   if (in_flight_) {
     out.emplace_back(kInFlightSent, in_flight_->sent);
     out.emplace_back(kInFlightSamples,
@@ -321,6 +332,11 @@ std::string LocalSync::load_state(const NamedTensors& shared, const std::vector<
     const auto& mine = by_rank.at(static_cast<size_t>(rank));
     set_params(check(find(mine, kParams), kParams, anchor_.numel(), on_device));
     samples_ = samples(mine);
+    if (remainder_.defined()) {  // none when the writer had no error feedback
+      const torch::Tensor kept = find(mine, kRemainder);
+      remainder_.zero_();
+      if (kept.defined()) remainder_.copy_(check(kept, kRemainder, anchor_.numel(), on_device));
+    }
     if (flying.defined()) {  // send it again: every rank sends what it sent, so the sum is the same
       auto flight = std::make_unique<InFlight>();
       flight->fragment = flying.index({0}).item<int64_t>();

@@ -85,7 +85,7 @@ class LocalSteps : public ReplicaSync {
     Comm& inside = *groups.islands.inside;
     if (inside.size() > 1) {
       GradSyncOptions o = grad_sync_options(cfg.dist, cfg.train.seed);
-      o.compression = Compression::kNone;  // exact inside; dist.grad-compression is the change's dtype between
+      o.compression = cfg.dist.island_compression;  // dist.grad-compression is the change's dtype between
       o.sink = optimizer.sink();           // dist.shard = gradients: the island's sums go straight into the ranges
       grad_sync_ = std::make_unique<GradSync>(inside, module, o);
     }
@@ -97,6 +97,7 @@ class LocalSteps : public ReplicaSync {
     o.fragments = cfg.dist.outer_fragments;
     o.delay = cfg.dist.outer_delay;
     o.mix = cfg.optim.outer_mix;
+    o.error_feedback = cfg.dist.outer_error_feedback;
     COHORT_CHECK(!comm.elastic() || (o.fragments == 1 && o.delay == 0), ConfigError, "dist.outer-fragments ",
                  o.fragments, ", dist.outer-delay ", o.delay, ": an elastic world goes on from its last whole sync, "
                  "which a streamed sync does not have between its fragments; use 1 and 0");
@@ -164,6 +165,7 @@ class LocalSteps : public ReplicaSync {
     std::string out = strf("cohort: sync local: an outer Nesterov step (lr %g, momentum %g) every %lld step(s), "
                            "%.2f MiB in %s per sync", optim_.outer_lr, optim_.outer_momentum,
                            static_cast<long long>(dist_.local_steps), per_rank, dtype);
+    if (dist_.outer_error_feedback) out += " with error feedback";
     if (dist_.outer_fragments > 1 || dist_.outer_delay > 0) {
       out += strf(", streamed in %lld fragment(s) (one every %lld step(s)), each applied %lld step(s) after it is sent",
                   static_cast<long long>(dist_.outer_fragments),
@@ -172,8 +174,10 @@ class LocalSteps : public ReplicaSync {
       if (dist_.outer_delay > 0) out += strf(" and mixed %g local to %g synced", optim_.outer_mix, 1 - optim_.outer_mix);
     }
     if (layout_.ranks_per_island() == 1) return out;
-    return out + strf(" from each rank; %s, gradients summed exactly inside each, and each island rank sums its "
-                      "1/%d of the change with the other islands'", layout_.describe().c_str(),
+    const std::string inside = dist_.island_compression == Compression::kNone
+                                   ? "exactly" : std::string("in ") + name_of(dist_.island_compression);
+    return out + strf(" from each rank; %s, gradients summed %s inside each, and each island rank sums its 1/%d of "
+                      "the change with the other islands'", layout_.describe().c_str(), inside.c_str(),
                       layout_.ranks_per_island());
   }
 
@@ -208,6 +212,10 @@ std::unique_ptr<ReplicaGroups> form_replica_groups(Comm& comm, const Config& cfg
                "' makes one island of the whole world, which has nobody to meet: use dist.sync = step");
   COHORT_CHECK(cfg.dist.shard == ShardMode::kNone || per_island > 1 || comm.size() == 1, ConfigError,
                shard_needs_islands(cfg.dist));
+  COHORT_CHECK(cfg.dist.island_compression == Compression::kNone || per_island > 1 || comm.size() == 1,
+               ConfigError, "dist.island-compression ", name_of(cfg.dist.island_compression), " applies inside "
+               "islands of several ranks, but dist.islands '", spec, "' gives islands of one rank here: drop the key, "
+               "or set dist.islands to a size above 1");
   g->islands = form_island_groups(comm, g->layout);
   g->step = g->islands.inside.get();
   return g;
