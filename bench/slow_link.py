@@ -24,8 +24,9 @@ batch, constant learning rate, AdamW, clipping, bf16 autocast) with:
                sends 1/k of the change); suffixes: -fF streams it in F
                fragments, -dD lands each D steps after it is sent, -bf16 or
                -int8 its wire form between islands, -wW the gradients' wire
-               inside an island (fp32, bf16, fp16; exact fp64 otherwise), as in
-               islands-8-f4-d1-int8-wbf16
+               inside an island (fp32, bf16, fp16; exact fp64 otherwise), -ef
+               error feedback on the rounded change, as in
+               islands-8-f4-d1-int8-ef-wbf16
   ddp          PyTorch DistributedDataParallel (bench/peers/bert_pretrain.py,
                the same network written out in PyTorch, MLM at the masked
                positions as Cohort computes it)
@@ -221,6 +222,8 @@ def cohort_cmd(args, method, hosts, i, out, steps):
                 cmd += ["--dist.outer-delay", p[1:]]
             elif p.startswith("w"):
                 cmd += ["--dist.island-compression", p[1:]]
+            elif p == "ef":
+                cmd += ["--dist.outer-error-feedback"]
             else:
                 cmd += ["--dist.grad-compression", p]
     return cmd

@@ -223,6 +223,17 @@ TEST(Islands, TrainAsOneRankEachAndOneStepWindowsAreExactTraining) {
   ASSERT_EQ(a.size(), 12u);
   ASSERT_EQ(b.size(), 12u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << "step " << i + 1;
+  // Islands dealt unequal shares (here 6 and 2 samples of 8): each island's
+  // change counts by the samples it trained, so one-step windows are still
+  // one step on the whole batch's mean gradient.
+  auto uneven = run_cohort(common + outer + " --nproc-per-node 4 --dist.islands 2 --dist.local-steps 1 "
+                           "--data.balance weights --data.balance-weights 3,1,1,1 --out " + (tmp / "uneven"));
+  ASSERT_EQ(uneven.code, 0) << uneven.err;
+  EXPECT_NE(uneven.out.find("rank 0 4 micro-batch(es), rank 1 2, rank 2 1, rank 3 1"), std::string::npos)
+      << uneven.out;
+  auto u = cohort::test::train_losses(tmp / "uneven");
+  ASSERT_EQ(u.size(), 12u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(u[i], a[i], 1e-5 * std::abs(a[i])) << "uneven step " << i + 1;
 
   auto islands = run_cohort(common + outer + " --nproc-per-node 4 --dist.islands 2,2 --dist.local-steps 4 --out " +
                             (tmp / "islands"));
