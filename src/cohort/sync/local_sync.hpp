@@ -92,7 +92,8 @@ class LocalSync {
   // parameters' outer momentum, and which fragment is in flight until when.
   // Own: this rank's parameters, the samples it trained on since each
   // fragment last met, its island, what it sent of the fragment in flight,
-  // and its error-feedback remainder. The synced parameters themselves are the checkpoint's model.
+  // and its error-feedback remainder. The synced parameters themselves are
+  // the checkpoint's model.
   NamedTensors shared_state() const;
   NamedTensors own_state() const;
   // From a checkpoint whose model (the synced parameters) is in the module.

@@ -74,9 +74,10 @@ class EveryStep : public ReplicaSync {
 };
 
 // dist.sync = local: each island (dist.islands; flat: each rank) steps on
-// its own gradients, summed exactly over its ranks, and the islands meet in
-// LocalSync every dist.local-steps. Each rank's inner optimizer state is
-// its own, so it is part of this stage's state.
+// its own gradients, summed over its ranks (dist.island-compression), and
+// the islands meet in LocalSync every dist.local-steps. Each island's inner
+// optimizer state (whole on each rank, or its ranks' ranges) is its own, so
+// every rank's is part of this stage's state.
 class LocalSteps : public ReplicaSync {
  public:
   LocalSteps(Comm& comm, ReplicaGroups& groups, torch::nn::Module& module, StepOptimizer& optimizer,
@@ -86,7 +87,7 @@ class LocalSteps : public ReplicaSync {
     if (inside.size() > 1) {
       GradSyncOptions o = grad_sync_options(cfg.dist, cfg.train.seed);
       o.compression = cfg.dist.island_compression;  // dist.grad-compression is the change's dtype between
-      o.sink = optimizer.sink();           // dist.shard = gradients: the island's sums go straight into the ranges
+      o.sink = optimizer.sink();  // dist.shard = gradients: the island's sums go straight into the ranges
       grad_sync_ = std::make_unique<GradSync>(inside, module, o);
     }
     LocalSyncOptions o;

@@ -306,7 +306,7 @@ std::string ShardedOptimizer::restore(const ResolvedCheckpoint& from) {
     // A whole state: read it beside the parameters, keep this rank's range.
     torch::optim::AdamW whole(param_groups(), torch::optim::AdamWOptions());
     torch::load(whole, archive, torch::Device(torch::kCPU));
-    if (!take_whole(whole)) return "";  // dist.sync = local's checkpoints keep the islands' states apart
+    if (!take_whole(whole)) return "";  // written before any step: no moments to keep
     return "dist.shard: the checkpoint's optimizer state was whole; this rank kept its range of it";
   }
   COHORT_CHECK(rec.bounds.back() == layout_.total(), DataError, from.dir, ": its optimizer ranges cover ",
