@@ -589,3 +589,136 @@ TEST(Elastic, LostShardComesFromTheCheckpoint) {
   EXPECT_EQ(steps, every);
   expect_every_sample_once(tmp / "run", 240, 2);
 }
+
+// Islands (dist.islands) in an elastic world: a world plans its islands
+// from the members it has, so a lost host is a lost island and a lost rank
+// leaves its island smaller, and the survivors go on from the last outer
+// sync (every island held the same parameters there). Each case: every step
+// once in the log, every sample once per epoch.
+
+// Three hosts of two ranks, an island each; host 2 is killed mid-run. The
+// other two islands go on from the last sync as two islands of two.
+TEST(ElasticIslands, AWholeIslandLostTheOthersGoOnFromTheLastSync) {
+  NetnsHosts net(3, 240);
+  if (!net.ok()) GTEST_SKIP() << "SKIPPED: network namespaces need root and iproute2";
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 240);
+  std::string args = elastic_args(tmp, net.address(0), 29646, 3) +
+                     " --nproc-per-node 2 --oversubscribe --dist.sync local --dist.local-steps 4 --dist.islands node";
+  args.replace(args.find(" --quiet"), 8, "");
+  std::string out0;
+  ASSERT_NO_FATAL_FAILURE(lose_host_two(net, tmp, args, &out0));
+  const std::string metrics = tmp / "run/metrics.jsonl";
+  auto changes = lines_of_kind(metrics, "membership");
+  ASSERT_EQ(changes.size(), 1u) << read_file(metrics);
+  EXPECT_EQ(changes[0]["state"], "memory") << changes[0].dump();
+  EXPECT_EQ(changes[0]["world_size"], 4) << changes[0].dump();
+  EXPECT_EQ(changes[0]["left"].size(), 2u) << changes[0].dump();
+  EXPECT_EQ(changes[0]["step"].get<int64_t>() % 4, 0) << "the new world starts at a sync: " << changes[0].dump();
+  EXPECT_NE(out0.find("3 island(s) of 2 rank(s) (one per node), gradients summed exactly inside each"),
+            std::string::npos) << out0;
+  EXPECT_NE(out0.find("2 island(s) of 2 rank(s) (one per node), gradients summed exactly inside each"),
+            std::string::npos) << out0;
+  std::set<int64_t> steps;
+  for (const auto& j : lines_of_kind(metrics, "train")) EXPECT_TRUE(steps.insert(j["step"].get<int64_t>()).second);
+  EXPECT_EQ(steps.size(), 60u);
+  expect_every_sample_once(tmp / "run", 240, 3);
+}
+
+// Four hosts of one rank as two islands of two; rank 3 dies as step 13
+// begins. Its island goes on with rank 2 alone beside the island of two
+// (2,1: the first rank of each island sums the change between them), from
+// the sync at step 12; with plain SGD the final weights are those of the
+// same run checkpointed at step 12 and resumed as islands of 2 and 1.
+TEST(ElasticIslands, ARankLostInsideAnIslandItsIslandGoesOnWithoutIt) {
+  NetnsHosts net(4, 241);
+  if (!net.ok()) GTEST_SKIP() << "SKIPPED: network namespaces need root and iproute2";
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 240);
+  const std::string common = " train --model.name mlp --model.dropout 0 --optim.name sgd --optim.momentum 0 "
+                             "--data.global-batch 12 --train.epochs 3 --dist.sync local --dist.local-steps 4 "
+                             "--optim.outer-momentum 0.5 --data.path " + tmp.path();
+  const std::string args = common + cohort::strf(
+      " --log.every-steps 1 --log.sample-ids --dist.timeout 30 --init-method tcp://%s:29647 --nnodes 4 "
+      "--min-nodes 2 --dist.islands 2 --out %s", net.address(0).c_str(), (tmp / "run").c_str());
+  std::vector<std::unique_ptr<Background>> hosts;
+  for (int h = 0; h < 4; ++h) {
+    hosts.push_back(std::make_unique<Background>(
+        net.on(h, std::string("env COHORT_DEBUG_DELAY=0:30 ") + (h == 3 ? "COHORT_DEBUG_DIE=3:13:forward " : "") +
+                      COHORT_BIN + args + " --node-rank " + std::to_string(h)), tmp, "h" + std::to_string(h)));
+  }
+  for (int h = 0; h < 3; ++h) ASSERT_EQ(hosts[static_cast<size_t>(h)]->wait_exit(), 0) << hosts[h]->err();
+  hosts[3]->wait(30s);
+  const std::string out0 = hosts[0]->out() + hosts[0]->err();
+  const std::string metrics = tmp / "run/metrics.jsonl";
+  auto changes = lines_of_kind(metrics, "membership");
+  ASSERT_EQ(changes.size(), 1u) << read_file(metrics);
+  EXPECT_EQ(changes[0]["state"], "memory") << changes[0].dump();
+  EXPECT_EQ(changes[0]["world_size"], 3) << changes[0].dump();
+  EXPECT_EQ(changes[0]["step"], 12) << changes[0].dump();
+  EXPECT_NE(out0.find("2 island(s) of 2 rank(s), gradients summed exactly inside each, and each island rank sums its "
+                      "1/2"), std::string::npos) << out0;
+  EXPECT_NE(out0.find("2 island(s) of 2,1 rank(s), gradients summed exactly inside each, and each of the first 1 "
+                      "rank(s) of an island sums its 1/1"), std::string::npos) << out0;
+  std::set<int64_t> steps;
+  for (const auto& j : lines_of_kind(metrics, "train")) EXPECT_TRUE(steps.insert(j["step"].get<int64_t>()).second);
+  EXPECT_EQ(steps.size(), 60u);
+  expect_every_sample_once(tmp / "run", 240, 3);
+
+  auto first = run_cohort(common + " --quiet --oversubscribe --nproc-per-node 4 --dist.islands 2 --ckpt.every-steps 4 "
+                          "--ckpt.keep 100 --out " + (tmp / "ref4"));
+  ASSERT_EQ(first.code, 0) << first.err;
+  auto second = run_cohort(" train --quiet --oversubscribe --nproc-per-node 3 --dist.islands 2,1 --resume " +
+                           (tmp / "ref4") + "/checkpoints/step-12 --out " + (tmp / "ref3"));
+  ASSERT_EQ(second.code, 0) << second.err;
+  auto elastic = final_model(tmp / "run"), reference = final_model(tmp / "ref3");
+  ASSERT_EQ(elastic.size(), reference.size());
+  for (const auto& [name, t] : reference) {
+    ASSERT_TRUE(elastic.count(name)) << name;
+    EXPECT_LT((elastic[name] - t).abs().max().item<double>(), 1e-5) << name;
+  }
+}
+
+// Sharded islands (dist.shard optimizer, one replica): rank 1 dies as step
+// 13 begins, taking half of island 0's optimizer state with it. Island 1's
+// state is whole, so the new islands (ranks 0 and 2 of the old world, and
+// rank 3) re-shard it in memory and go on from the sync at step 12; no
+// checkpoint is read.
+TEST(ElasticIslands, ShardedIslandLosesARankAndTakesAWholeIslandsRanges) {
+  NetnsHosts net(4, 242);
+  if (!net.ok()) GTEST_SKIP() << "SKIPPED: network namespaces need root and iproute2";
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 240);
+  const std::string args = cohort::strf(
+      " train --model.name mlp --model.dropout 0 --data.global-batch 12 --train.epochs 3 --dist.sync local "
+      "--dist.local-steps 4 --dist.islands 2 --dist.shard optimizer --log.every-steps 1 --log.sample-ids "
+      "--dist.timeout 30 --init-method tcp://%s:29648 --nnodes 4 --min-nodes 2 --data.path %s --out %s",
+      net.address(0).c_str(), tmp.path().c_str(), (tmp / "run").c_str());
+  std::vector<std::unique_ptr<Background>> hosts;
+  for (int h = 0; h < 4; ++h) {
+    hosts.push_back(std::make_unique<Background>(
+        net.on(h, std::string("env COHORT_DEBUG_DELAY=0:30 ") + (h == 1 ? "COHORT_DEBUG_DIE=1:13:forward " : "") +
+                      COHORT_BIN + args + " --node-rank " + std::to_string(h)), tmp, "h" + std::to_string(h)));
+  }
+  std::string errs;
+  for (int h : {0, 2, 3}) {
+    const int code = hosts[static_cast<size_t>(h)]->wait_exit();
+    errs += cohort::strf("host %d (exit %d):\n", h, code) + hosts[static_cast<size_t>(h)]->err();
+  }
+  hosts[1]->wait(30s);
+  for (int h : {0, 2, 3}) ASSERT_EQ(hosts[static_cast<size_t>(h)]->wait_exit(), 0) << errs;
+  const std::string out0 = hosts[0]->out() + hosts[0]->err();
+  const std::string metrics = tmp / "run/metrics.jsonl";
+  auto changes = lines_of_kind(metrics, "membership");
+  ASSERT_EQ(changes.size(), 1u) << read_file(metrics);
+  EXPECT_EQ(changes[0]["state"], "memory") << changes[0].dump();
+  EXPECT_EQ(changes[0]["world_size"], 3) << changes[0].dump();
+  EXPECT_EQ(changes[0]["step"], 12) << changes[0].dump();
+  EXPECT_NE(out0.find("re-sharded the optimizer state in memory from 2 surviving range(s) into 2"), std::string::npos)
+      << out0;
+  EXPECT_EQ(out0.find("continuing from"), std::string::npos) << "no checkpoint is read\n" << out0;
+  std::set<int64_t> steps;
+  for (const auto& j : lines_of_kind(metrics, "train")) EXPECT_TRUE(steps.insert(j["step"].get<int64_t>()).second);
+  EXPECT_EQ(steps.size(), 60u);
+  expect_every_sample_once(tmp / "run", 240, 3);
+}

@@ -256,6 +256,36 @@ TEST(Islands, TrainAsOneRankEachAndOneStepWindowsAreExactTraining) {
   EXPECT_GT(std::abs(c[5] - a[5]), 1e-6) << "4-step windows drift apart between syncs: not exact training";
 }
 
+// Islands of unequal sizes (a box of 2 beside a box of 1, or an island that
+// lost a rank): the change is cut into as many slices as the smallest island
+// has ranks, and the island of 2 trains what one rank with both ranks'
+// samples does, so islands of 2 and 1 on 3 ranks are 2 flat ranks dealt 8
+// and 4 samples of 12, window for window, the change on any wire.
+TEST(Islands, OfUnequalSizesTrainAsFlatRanksWithTheirSamples) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 48);
+  std::string common = "train" + kSlowTiny + "--model.dropout 0 --optim.name sgd --optim.momentum 0 --optim.lr 0.05 "
+                       "--data.global-batch 12 --train.max-steps 12 --oversubscribe --data.path " + tmp.path() +
+                       " --dist.sync local --dist.local-steps 4 --optim.outer-momentum 0.5";
+  auto flat = run_cohort(common + " --nproc-per-node 2 --data.balance weights --data.balance-weights 2,1 --out " +
+                         (tmp / "flat"));
+  ASSERT_EQ(flat.code, 0) << flat.err;
+  const auto a = cohort::test::train_losses(tmp / "flat");
+  ASSERT_EQ(a.size(), 12u);
+  for (const char* wire : {"none", "int8"}) {
+    const std::string out = tmp / wire;
+    auto r = run_cohort(common + " --nproc-per-node 3 --dist.islands 2,1 --dist.grad-compression " + wire +
+                        " --out " + out);
+    ASSERT_EQ(r.code, 0) << wire << "\n" << r.err;
+    EXPECT_NE(r.out.find("2 island(s) of 2,1 rank(s), gradients summed exactly inside each, and each of the first 1 "
+                         "rank(s) of an island sums its 1/1 of the change"), std::string::npos) << r.out;
+    const auto b = cohort::test::train_losses(out);
+    ASSERT_EQ(b.size(), 12u);
+    const double tol = std::string(wire) == "none" ? 1e-5 : 2e-2;
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], tol * std::abs(a[i])) << wire << " step " << i + 1;
+  }
+}
+
 // Error feedback: what the wire's rounding leaves out of a change goes with
 // the next sync, so the synced model misses at most one rounding of the
 // change however many syncs ran; without it the same rounding is lost at
@@ -399,7 +429,7 @@ TEST(Islands, LayoutsTheWorldCannotHoldAreConfigErrors) {
   };
   for (const Case& c : std::vector<Case>{
            {" --nproc-per-node 3 --dist.islands 2", "dist.islands '2' does not divide the world's 3 rank(s)"},
-           {" --nproc-per-node 3 --dist.islands 2,1", "islands of different sizes"},
+           {" --nproc-per-node 3 --dist.islands 2,2", "dist.islands '2,2' does not divide the world's 3 rank(s)"},
            {" --nproc-per-node 2 --dist.islands 2", "makes one island of the whole world"},
            {" --nproc-per-node 2 --dist.islands two", "dist.islands: 'two' must be auto, node, rank, or island sizes"},
            {" --nproc-per-node 2 --dist.local-steps 4 --dist.outer-fragments 3", "dist.outer-fragments must be >= 1 "

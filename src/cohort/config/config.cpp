@@ -1115,7 +1115,7 @@ void validate_world(const Config& c, int world_size, bool one_node) {
                  "divide the world's ", world_size, " rank(s) into islands: give sizes that add up to it, or one size "
                  "that divides it");
     const bool single = c.dist.islands == "rank" || (one_node && c.dist.islands == "auto") ||
-                        (!sizes.empty() && sizes.front() == 1);
+                        (!sizes.empty() && *std::max_element(sizes.begin(), sizes.end()) == 1);
     COHORT_CHECK(c.dist.shard == ShardMode::kNone || !single || world_size == 1, ConfigError,
                  shard_needs_islands(c.dist));
     COHORT_CHECK(c.dist.island_compression == Compression::kNone || !single || world_size == 1, ConfigError,

@@ -576,24 +576,36 @@ std::unique_ptr<Comm> Comm::split(const std::vector<int>& members, const std::st
   c->world_.world_size = static_cast<int>(members.size());
   const std::vector<int> global = global_ranks();
   for (int m : members) c->members_.push_back(global.at(static_cast<size_t>(m)));
+  // An elastic world's group lives in its generation (the store is the
+  // generation's) and ends with it: its collectives consult the same link.
+  c->link_ = link_;
   if (members.size() == 1 || !impl_) return c;  // a group of one: no network
-  COHORT_CHECK(!link_, Error, "rank ", rank(), ": an elastic world's groups cannot be split (group '", name, "')");
   auto impl = std::make_unique<Impl>();
   impl->spec = impl_->spec;  // the world's: errors and heartbeats name global ranks
   impl->opts = impl_->opts;
   impl->store = c10::make_intrusive<c10d::PrefixStore>("group/" + name, impl_->store);
   impl->beats_store = impl_->store;
   impl->members = members;
+  impl->link = impl_->link;
+  // As the world's formation is: a member lost after the decision must not
+  // hold the others for dist.timeout.
+  const milliseconds bound = link_ ? std::min(impl_->opts.timeout, milliseconds(15000)) : impl_->opts.timeout;
   try {
     impl->pg = gloo_group(c10::make_intrusive<c10d::PrefixStore>("gloo", impl->store), c->world_.rank,
-                          c->world_.world_size, impl_->spec, impl_->opts, impl_->opts.timeout);
+                          c->world_.world_size, impl_->spec, impl_->opts, bound);
     if (impl_->cuda_pg) {
-      impl->cuda_pg = nccl_group(impl->store, c->world_.rank, c->world_.world_size, impl_->opts);
+      impl->cuda_pg = link_ ? nccl_group(impl->store, c->world_.rank, c->world_.world_size, impl_->opts,
+                                         world_.device)
+                            : nccl_group(impl->store, c->world_.rank, c->world_.world_size, impl_->opts);
     }
   } catch (const std::exception& e) {
-    throw DistError(detail::cat("rank ", rank(), ": could not form group '", name, "' of ", members.size(),
-                                " ranks within ", impl_->opts.timeout.count() / 1000.0, " s: ",
-                                detail::first_line(e.what())));
+    std::string why = detail::cat("could not form group '", name, "' of ", members.size(), " ranks within ",
+                                  bound.count() / 1000.0, " s: ", detail::first_line(e.what()));
+    if (link_) {
+      link_->announce(why);
+      throw MembershipChanged(detail::cat("rank ", rank(), ": ", why));
+    }
+    throw DistError(detail::cat("rank ", rank(), ": ", why));
   }
   c->impl_ = std::move(impl);
   return c;

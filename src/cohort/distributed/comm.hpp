@@ -89,7 +89,9 @@ class Comm {
   // group's rank order; this rank among them), with its own process group
   // under the store prefix `name`. Collective over the members, who pass the
   // same list and name. Its errors name global ranks and it reads the
-  // world's heartbeats; it must not outlive this Comm. A fixed world only.
+  // world's heartbeats; it must not outlive this Comm. An elastic world's
+  // group is its generation's: its collectives throw MembershipChanged as
+  // the world's do.
   std::unique_ptr<Comm> split(const std::vector<int>& members, const std::string& name);
   ~Comm();
 

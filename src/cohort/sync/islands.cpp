@@ -18,6 +18,18 @@ int IslandLayout::island_of(int rank) const {
   throw Error(detail::cat("islands: rank ", rank, " is in no island"));
 }
 
+int IslandLayout::width() const {
+  size_t w = islands.empty() ? 1 : islands.front().size();
+  for (const auto& island : islands) w = std::min(w, island.size());
+  return static_cast<int>(w);
+}
+
+int IslandLayout::largest() const {
+  size_t w = 1;
+  for (const auto& island : islands) w = std::max(w, island.size());
+  return static_cast<int>(w);
+}
+
 std::vector<int> IslandLayout::across(int r) const {
   std::vector<int> out;
   for (const auto& island : islands) out.push_back(island.at(static_cast<size_t>(r)));
@@ -25,40 +37,43 @@ std::vector<int> IslandLayout::across(int r) const {
 }
 
 std::string IslandLayout::describe() const {
-  return detail::cat(islands.size(), " island(s) of ", ranks_per_island(), " rank(s)",
+  std::string sizes;
+  for (const auto& island : islands) sizes += detail::cat(sizes.empty() ? "" : ",", island.size());
+  return detail::cat(islands.size(), " island(s) of ", width() == largest() ? std::to_string(width()) : sizes, " rank(s)",
                      how == "node" ? " (one per node)" : how == "rank" ? " (one per rank)" : "");
 }
 
-IslandLayout plan_islands(const std::string& spec, const std::vector<int>& node_of_rank) {
+IslandLayout plan_islands(const std::string& spec, const std::vector<int>& node_of_rank, bool elastic) {
   const int world = static_cast<int>(node_of_rank.size());
   std::map<int, std::vector<int>> by_node;
   for (int r = 0; r < world; ++r) by_node[node_of_rank[static_cast<size_t>(r)]].push_back(r);
-  bool even_nodes = by_node.size() > 1;
-  for (const auto& [node, ranks] : by_node) even_nodes = even_nodes && ranks.size() == by_node.begin()->second.size();
-  const bool several_per_node = by_node.begin()->second.size() > 1;
+  bool several_per_node = true;
+  for (const auto& [node, ranks] : by_node) several_per_node = several_per_node && ranks.size() > 1;
 
   IslandLayout out;
   std::vector<int64_t> sizes = island_sizes(spec);
-  out.how = !sizes.empty() ? "sizes" : spec == "node" || (spec == "auto" && even_nodes && several_per_node) ? "node"
-                                                                                                           : "rank";
+  out.how = !sizes.empty() ? "sizes"
+            : spec == "node" || (spec == "auto" && by_node.size() > 1 && several_per_node) ? "node"
+                                                                                             : "rank";
   if (out.how == "node") {
-    COHORT_CHECK(even_nodes || by_node.size() == 1, ConfigError, "dist.islands = node: the nodes run different numbers "
-                 "of ranks, and every island needs as many (rank r of each island sums its slice of the change with "
-                 "the others'); give island sizes, or rank");
     for (auto& [node, ranks] : by_node) out.islands.push_back(ranks);
     std::sort(out.islands.begin(), out.islands.end());
     return out;
   }
   if (out.how == "rank") sizes = {1};
-  if (sizes.size() == 1) sizes.assign(static_cast<size_t>(world / std::max<int64_t>(1, sizes[0])), sizes[0]);
+  if (sizes.size() == 1) {
+    const int64_t s = std::max<int64_t>(1, sizes[0]);
+    COHORT_CHECK(elastic || world % s == 0, ConfigError, "dist.islands '", spec, "' does not divide the world's ",
+                 world, " rank(s) into islands: give sizes that add up to it, or one size that divides it");
+    sizes.assign(static_cast<size_t>(world / s), s);
+    if (world % s != 0 || sizes.empty()) sizes.push_back(world % s);  // elastic: what is left
+  }
   int64_t sum = 0;
   for (int64_t s : sizes) sum += s;
   COHORT_CHECK(sum == world, ConfigError, "dist.islands '", spec, "' covers ", sum, " rank(s) but the world has ",
                world, ": give sizes that add up to it, or one size that divides it");
   int next = 0;
   for (int64_t s : sizes) {
-    COHORT_CHECK(s == sizes[0], ConfigError, "dist.islands '", spec, "': islands of different sizes; every island "
-                 "needs as many ranks (rank r of each island sums its slice of the change with the others')");
     std::vector<int> island;
     for (int64_t i = 0; i < s; ++i) island.push_back(next++);
     out.islands.push_back(island);
@@ -71,12 +86,13 @@ IslandGroups form_island_groups(Comm& world, const IslandLayout& layout) {
   const int island = layout.island_of(world.rank());
   const auto& mine = layout.islands.at(static_cast<size_t>(island));
   g.inside = world.split(mine, detail::cat("island/", island));
-  if (layout.ranks_per_island() == 1) {
+  if (layout.largest() == 1) {
     g.across = &world;
     return g;
   }
   const int r = g.inside->rank();
-  g.own_across = world.split(layout.across(r), detail::cat("across/", r));
+  g.own_across = r < layout.width() ? world.split(layout.across(r), detail::cat("across/", r))
+                                    : world.split({world.rank()}, detail::cat("alone/", world.rank()));
   g.across = g.own_across.get();
   return g;
 }

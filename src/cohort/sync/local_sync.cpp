@@ -59,6 +59,14 @@ torch::Tensor find(const NamedTensors& tensors, const std::string& name) {
 
 }  // namespace
 
+int island_width(const std::vector<int>& island_of) {
+  std::map<int, int> sizes;
+  for (int i : island_of) ++sizes[i];
+  int width = sizes.empty() ? 1 : sizes.begin()->second;
+  for (const auto& [island, size] : sizes) width = std::min(width, size);
+  return width;
+}
+
 LocalSync::LocalSync(Comm& inside, Comm& across, torch::nn::Module& module, LocalSyncOptions opts)
     : inside_(inside), across_(across), opts_(opts) {
   COHORT_CHECK(opts_.every >= 1, ConfigError, "dist.local-steps must be >= 1, got ", opts_.every);
@@ -77,6 +85,18 @@ LocalSync::LocalSync(Comm& inside, Comm& across, torch::nn::Module& module, Loca
   momentum_ = torch::zeros_like(anchor_);
   if (opts_.error_feedback) remainder_ = torch::zeros_like(anchor_);
   samples_.assign(static_cast<size_t>(opts_.fragments), 0.0);
+  const int global = inside_.global_ranks().at(static_cast<size_t>(inside_.rank()));
+  island_ = opts_.island_of.empty() ? across_.rank() : opts_.island_of.at(static_cast<size_t>(global));
+  width_ = opts_.island_of.empty() ? inside_.size() : island_width(opts_.island_of);
+}
+
+int LocalSync::world_size() const {
+  return opts_.island_of.empty() ? inside_.size() * across_.size() : static_cast<int>(opts_.island_of.size());
+}
+
+int LocalSync::islands() const {
+  return opts_.island_of.empty() ? across_.size()
+                                 : *std::max_element(opts_.island_of.begin(), opts_.island_of.end()) + 1;
 }
 
 torch::Tensor LocalSync::flat_params() const {
@@ -102,7 +122,8 @@ LocalSync::Range LocalSync::fragment(int64_t f) const {
 }
 
 LocalSync::Range LocalSync::slice(const Range& r) const {
-  const int64_t k = inside_.size(), per = (r.size() + k - 1) / k;
+  if (inside_.rank() >= width_) return {r.hi, r.hi};  // beyond the smallest island: sends nothing
+  const int64_t k = width_, per = (r.size() + k - 1) / k;
   const int64_t lo = r.lo + std::min(r.size(), per * inside_.rank());
   return {lo, std::min(r.hi, lo + per)};
 }
@@ -280,7 +301,7 @@ NamedTensors LocalSync::shared_state() const {
 NamedTensors LocalSync::own_state() const {
   NamedTensors out{{kParams, stash_.defined() ? stash_ : flat_params()},
                    {kSamples, torch::tensor(samples_, torch::kFloat64)},
-                   {kIsland, torch::tensor({static_cast<int64_t>(across_.rank())}, torch::kInt64)}};
+                   {kIsland, torch::tensor({static_cast<int64_t>(island_)}, torch::kInt64)}};
   if (remainder_.defined()) out.emplace_back(kRemainder, remainder_);
   if (in_flight_) {
     out.emplace_back(kInFlightSent, in_flight_->sent);
@@ -320,7 +341,7 @@ std::string LocalSync::load_state(const NamedTensors& shared, const std::vector<
   // The writer's islands (checkpoints from before islands: one per rank)
   // and fragments.
   auto same_layout = [&] {
-    if (static_cast<int>(by_rank.size()) != inside_.size() * across_.size()) return false;
+    if (static_cast<int>(by_rank.size()) != world_size()) return false;
     for (size_t r = 0; r < by_rank.size(); ++r) {
       const int64_t theirs = writer_island(by_rank[r], static_cast<int>(r));
       const int64_t ours = opts_.island_of.empty() ? static_cast<int64_t>(r) : opts_.island_of.at(r);
@@ -392,8 +413,7 @@ std::string LocalSync::load_state(const NamedTensors& shared, const std::vector<
   set_params(anchor_);
   if (merged == 0) return "";
   return strf("local sync: the checkpoint's %zu rank(s) had %.0f samples in an open window; merged by one outer step "
-              "before going on with %d rank(s) in %d island(s)", by_rank.size(), merged,
-              inside_.size() * across_.size(), across_.size());
+              "before going on with %d rank(s) in %d island(s)", by_rank.size(), merged, world_size(), islands());
 }
 
 }  // namespace cohort

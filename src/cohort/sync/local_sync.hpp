@@ -32,8 +32,11 @@
 // trained, and each of its k ranks sums one k-th of the change with the
 // ranks of the same island rank elsewhere (`across`), so that the traffic
 // between islands is one model's change per island, not k; the island then
-// gathers the pieces over its own fast links (`inside`). Flat local steps
-// are islands of one rank: `inside` is a group of one, `across` the world.
+// gathers the pieces over its own fast links (`inside`). Islands of unequal
+// sizes cut the change into as many slices as the smallest has ranks; an
+// island's ranks beyond those send nothing and gather the pieces. Flat local
+// steps are islands of one rank: `inside` is a group of one, `across` the
+// world.
 //
 // Cross-rank contract: every rank calls after_step() at every step with the
 // same step and force; the sums over `inside` and `across` are the only
@@ -68,6 +71,9 @@ struct LocalSyncOptions {
   bool error_feedback = false;  // dist.outer-error-feedback: rounding's remainder goes with the next sync
   std::vector<int> island_of;  // each global rank's island; empty: every rank its own
 };
+
+// Islands' sizes from LocalSyncOptions::island_of: the smallest one's ranks.
+int island_width(const std::vector<int>& island_of);
 
 class LocalSync {
  public:
@@ -155,9 +161,16 @@ class LocalSync {
   void finish();
   void outer_step(const Range& r, const torch::Tensor& mean_change);
 
+  // The world's ranks and islands, this rank's island, and the slices the
+  // change is summed in (the smallest island's ranks).
+  int world_size() const;
+  int islands() const;
+
   Comm& inside_;
   Comm& across_;
   LocalSyncOptions opts_;
+  int island_ = 0;
+  int width_ = 1;
   std::vector<torch::Tensor> params_;  // trainable parameters and floating buffers, in module order
   torch::Tensor anchor_;    // the parameters at each fragment's last sync, flat
   torch::Tensor momentum_;  // the outer Nesterov buffer, flat

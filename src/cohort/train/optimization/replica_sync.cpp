@@ -174,12 +174,14 @@ class LocalSteps : public ReplicaSync {
                   static_cast<long long>(dist_.outer_delay));
       if (dist_.outer_delay > 0) out += strf(" and mixed %g local to %g synced", optim_.outer_mix, 1 - optim_.outer_mix);
     }
-    if (layout_.ranks_per_island() == 1) return out;
+    if (layout_.largest() == 1) return out;
     const std::string inside = dist_.island_compression == Compression::kNone
                                    ? "exactly" : std::string("in ") + name_of(dist_.island_compression);
-    return out + strf(" from each rank; %s, gradients summed %s inside each, and each island rank sums its 1/%d of "
-                      "the change with the other islands'", layout_.describe().c_str(), inside.c_str(),
-                      layout_.ranks_per_island());
+    const std::string who = layout_.width() == layout_.largest()
+                                ? std::string("each island rank sums")
+                                : strf("each of the first %d rank(s) of an island sums", layout_.width());
+    return out + strf(" from each rank; %s, gradients summed %s inside each, and %s its 1/%d of the change with the "
+                      "other islands'", layout_.describe().c_str(), inside.c_str(), who.c_str(), layout_.width());
   }
 
  private:
@@ -205,12 +207,14 @@ std::unique_ptr<ReplicaGroups> form_replica_groups(Comm& comm, const Config& cfg
     node_of.push_back(static_cast<int>(t.item<int64_t>()));
   }
   const std::string& spec = cfg.dist.islands;
-  g->layout = plan_islands(comm.elastic() && spec == "auto" ? "rank" : spec, node_of);
-  const int per_island = g->layout.ranks_per_island();
-  COHORT_CHECK(!comm.elastic() || per_island == 1, ConfigError, "dist.islands '", spec, "': an elastic world's "
-               "members are islands of one rank (membership by island is not built); use auto or rank");
-  COHORT_CHECK(g->layout.islands.size() > 1 || comm.size() == 1, ConfigError, "dist.islands '", spec,
-               "' makes one island of the whole world, which has nobody to meet: use dist.sync = step");
+  // An elastic world plans its islands anew in every generation, from the
+  // members it has: a lost node is a lost island (dist.islands = node), a
+  // lost rank leaves its island smaller (sizes), and one island left trains
+  // on alone until others join.
+  g->layout = plan_islands(spec, node_of, comm.elastic());
+  const int per_island = g->layout.largest();
+  COHORT_CHECK(g->layout.islands.size() > 1 || comm.size() == 1 || comm.elastic(), ConfigError, "dist.islands '",
+               spec, "' makes one island of the whole world, which has nobody to meet: use dist.sync = step");
   COHORT_CHECK(cfg.dist.shard == ShardMode::kNone || per_island > 1 || comm.size() == 1, ConfigError,
                shard_needs_islands(cfg.dist));
   COHORT_CHECK(cfg.dist.island_compression == Compression::kNone || per_island > 1 || comm.size() == 1,

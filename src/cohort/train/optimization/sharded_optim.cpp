@@ -296,6 +296,9 @@ NamedTensors ShardedOptimizer::held_ranges() const {
   NamedTensors out;
   if (!consistent_) return out;  // its parameters mix two steps: no range to hand over
   for (auto& [name, t] : range_state()) out.emplace_back(name, t.clone());
+  // Whose state it is: islands (dist.islands) each hold their own, named by
+  // the island's first rank.
+  out.emplace_back("team", torch::tensor({static_cast<int64_t>(comm_.global_ranks().front())}, torch::kInt64));
   return out;
 }
 
@@ -352,23 +355,27 @@ torch::Tensor named(const NamedTensors& ts, const std::string& name) {
 
 }  // namespace
 
-// The members pool which range each holds at `step`; every range that is
-// held goes out from its lowest-ranked holder, in pieces, and each rank keeps
-// what falls in its new range. ShardsLost when they leave a gap.
+// The members pool which range each holds at `step`, and whose state it is
+// (the world's, or under local steps each island's own); every range of one
+// whole state (the new rank 0's if it is whole, else the first island's that
+// is) goes out from its lowest-ranked holder, in pieces, and each rank keeps
+// what falls in its new range. ShardsLost when no state is whole.
 std::string ShardedOptimizer::adopt_ranges(Comm& comm, const Handover* held, int64_t step) {
   const int n = comm.size();
+  constexpr int kPer = 4;  // lo, hi, held, team
   // Every rank takes rank 0's model: a rank 0 that ended mid-update (its
   // range of step+1, the rest of step) hands over no range either.
-  std::vector<double> offers(3 * n + 1, 0.0);
-  if (comm.world().is_main() && held && !held->shard.empty()) offers[3 * n] = 1;
+  std::vector<double> offers(kPer * n + 1, 0.0);
+  if (comm.world().is_main() && held && !held->shard.empty()) offers[kPer * n] = 1;
   if (held && held->state.step == step && !held->shard.empty()) {
     auto range = named(held->shard, "range").contiguous();
-    offers[3 * comm.rank()] = static_cast<double>(range.data_ptr<int64_t>()[0]);
-    offers[3 * comm.rank() + 1] = static_cast<double>(range.data_ptr<int64_t>()[1]);
-    offers[3 * comm.rank() + 2] = 1;
+    offers[kPer * comm.rank()] = static_cast<double>(range.data_ptr<int64_t>()[0]);
+    offers[kPer * comm.rank() + 1] = static_cast<double>(range.data_ptr<int64_t>()[1]);
+    offers[kPer * comm.rank() + 2] = 1;
+    offers[kPer * comm.rank() + 3] = static_cast<double>(named(held->shard, "team").item<int64_t>());
   }
   offers = comm.all_reduce_sum(offers, "sharded state handover");
-  if (offers[3 * n] == 0) {
+  if (offers[kPer * n] == 0) {
     throw ShardsLost("dist.shard: the new world's rank 0 was applying a step's update when the world ended, so its "
                      "model mixes two steps");
   }
@@ -376,35 +383,55 @@ std::string ShardedOptimizer::adopt_ranges(Comm& comm, const Handover* held, int
     RangeSource::Range range;
     int rank;  // its lowest-ranked holder
   };
-  std::vector<Offer> offered;
+  // Each state's distinct ranges, by team, and how far from 0 they cover.
+  std::map<int, std::vector<Offer>> by_team;
   for (int r = 0; r < n; ++r) {
-    if (offers[3 * r + 2] == 0) continue;
-    RangeSource::Range h{static_cast<int64_t>(offers[3 * r]), static_cast<int64_t>(offers[3 * r + 1])};
+    if (offers[kPer * r + 2] == 0) continue;
+    RangeSource::Range h{static_cast<int64_t>(offers[kPer * r]), static_cast<int64_t>(offers[kPer * r + 1])};
+    auto& offered = by_team[static_cast<int>(offers[kPer * r + 3])];
     bool seen = false;
     for (const auto& x : offered) seen = seen || (x.range.lo == h.lo && x.range.hi == h.hi);
     if (!seen) offered.push_back({h, r});
   }
-  std::sort(offered.begin(), offered.end(), [](const Offer& a, const Offer& b) { return a.range.lo < b.range.lo; });
+  // The first gap in a state's ranges: [covered, gap_end).
+  struct Gap {
+    int64_t covered = 0, gap_end = 0;
+  };
+  auto gap_of = [this](std::vector<Offer>& offered) {
+    std::sort(offered.begin(), offered.end(), [](const Offer& a, const Offer& b) { return a.range.lo < b.range.lo; });
+    Gap g{0, layout_.total()};
+    for (const auto& o : offered) {
+      if (o.range.lo > g.covered) {
+        g.gap_end = o.range.lo;
+        break;
+      }
+      g.covered = std::max(g.covered, o.range.hi);
+    }
+    return g;
+  };
+  const int main_team = offers[2] != 0 ? static_cast<int>(offers[3]) : -1;
+  std::vector<Offer>* whole = nullptr;
+  Gap best;
+  for (bool mains : {true, false}) {
+    for (auto& [team, offered] : by_team) {
+      if (whole || (mains && team != main_team)) continue;
+      const Gap g = gap_of(offered);
+      if (g.covered >= best.covered) best = g;
+      if (g.covered >= layout_.total()) whole = &offered;
+    }
+  }
+  if (!whole) {
+    throw ShardsLost(strf("dist.shard: elements [%lld, %lld) of the optimizer state (of %lld) were held only by the "
+                          "lost rank(s) (dist.shard-replicas = %d)%s", static_cast<long long>(best.covered),
+                          static_cast<long long>(best.gap_end), static_cast<long long>(layout_.total()),
+                          layout_.replicas, by_team.size() > 1 ? ", in every island" : ""));
+  }
   RangeSource src;
   src.collective = true;
   std::vector<int> holder;  // per range of src
-  for (const auto& o : offered) {
+  for (const auto& o : *whole) {
     src.ranges.push_back(o.range);
     holder.push_back(o.rank);
-  }
-  int64_t covered = 0, gap_end = -1;
-  for (const auto& h : src.ranges) {
-    if (h.lo > covered) {
-      gap_end = h.lo;
-      break;
-    }
-    covered = std::max(covered, h.hi);
-  }
-  if (covered < layout_.total()) {
-    throw ShardsLost(strf("dist.shard: elements [%lld, %lld) of the optimizer state (of %lld) were held only by the "
-                          "lost rank(s) (dist.shard-replicas = %d)", static_cast<long long>(covered),
-                          static_cast<long long>(gap_end < 0 ? layout_.total() : gap_end),
-                          static_cast<long long>(layout_.total()), layout_.replicas));
   }
   const int me = comm.rank();
   src.piece = [&](size_t i, int64_t at, int64_t len) {
