@@ -332,14 +332,16 @@ TEST(Elastic, BadOptionsAreUsageErrors) {
   EXPECT_NE(rank.err.find("--node-rank 3 is outside"), std::string::npos) << rank.err;
 }
 
-// Weights given per rank cannot follow an elastic world's ranks: both
-// kinds are refused with the measured alternative named, nothing written.
+// Weights given per rank cannot follow an elastic world's ranks, nor a
+// list of island sizes: each is refused with the alternative named, nothing
+// written.
 TEST(Elastic, PerRankWeightsAreRefused) {
   TempDir tmp;
   cohort::test::write_tiny_dataset(tmp, 48);
   for (const auto& [flags, says] : std::vector<std::pair<std::string, std::string>>{
            {"--dist.shard optimizer --dist.shard-weights 2,1", "dist.shard-weights '2,1' gives one weight per rank"},
-           {"--data.balance weights --data.balance-weights 2,1", "data.balance = weights gives one weight per rank"}}) {
+           {"--data.balance weights --data.balance-weights 2,1", "data.balance = weights gives one weight per rank"},
+           {"--dist.sync local --dist.islands 1,1", "dist.islands '1,1' lists the islands' sizes"}}) {
     auto r = run_cohort(cohort::strf(
         "train --model.name mlp --data.global-batch 12 --train.max-steps 2 --quiet --nproc-per-node 2 "
         "--oversubscribe --init-method tcp://127.0.0.1:%d --nnodes 1 --min-nodes 1 --data.path %s --out %s %s",

@@ -66,6 +66,9 @@ RunSummary train_elastic(const Config& cfg, Membership& membership, const RunOpt
   COHORT_CHECK(cfg.dist.shard == ShardMode::kNone || shard_weights(cfg.dist).empty(), ConfigError,
                "dist.shard-weights '", cfg.dist.shard_weights, "' gives one weight per rank, but an elastic world's "
                "ranks change; use auto (each rank's free memory) with --min-nodes");
+  COHORT_CHECK(cfg.dist.sync != SyncMode::kLocal || island_sizes(cfg.dist.islands).size() < 2, ConfigError,
+               "dist.islands '", cfg.dist.islands, "' lists the islands' sizes, but an elastic world's ranks change; "
+               "give one size (the last island holds what is left), node or auto with --min-nodes");
   bool started = false;  // a trainer ran in this process
   for (;;) {
     std::unique_ptr<Comm> comm;
