@@ -287,8 +287,9 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
        "feedback), so that no part of the change is lost for good");
   bind("dist.islands", c.dist.islands, "dist.sync = local: ranks that train one model exactly together (gradients "
        "summed every step) and meet the other islands in the outer sync: node = one island per node, rank = every "
-       "rank its own (flat local steps), sizes = consecutive ranks (e.g. 2, or 2,2); auto = node when there are "
-       "several nodes of equal rank counts above 1, else rank; on resume another grouping merges the open window");
+       "rank its own (flat local steps), sizes = consecutive ranks (e.g. 2, or 2,1); auto = node when there are "
+       "several nodes of more than one rank each, else rank; on resume another grouping merges the open window. "
+       "dist.grad-compression powersgd: node or sizes sum exactly inside each island and compress between them");
   bind("dist.island-compression", c.dist.island_compression, "dist.sync = local with islands of several ranks: the "
        "gradients on the wire inside an island, summed every step: none = exact (fp64), fp32, bf16 or fp16, as "
        "dist.grad-compression is for dist.sync = step");
@@ -904,9 +905,11 @@ const std::vector<InertRule>& inert_rules() {
       {"dist.local-steps", [](const Config& c) { return c.dist.sync == SyncMode::kStep && c.dist.local_steps != dist.local_steps; },
        [](Config& c) { c.dist.local_steps = dist.local_steps; },
        [](const Config& c) { return std::to_string(c.dist.local_steps); }, every_step},
-      {"dist.islands", [](const Config& c) { return c.dist.sync == SyncMode::kStep && c.dist.islands != dist.islands; },
+      {"dist.islands", [](const Config& c) { return c.dist.sync == SyncMode::kStep && c.dist.grad_compression != Compression::kPowerSgd && c.dist.islands != dist.islands; },
        [](Config& c) { c.dist.islands = dist.islands; },
-       [](const Config& c) { return c.dist.islands; }, every_step},
+       [](const Config& c) { return c.dist.islands; },
+       "applies to dist.sync = local (the outer step's islands) and to dist.grad-compression powersgd (compressed "
+       "between islands only); an exact or rounded sum every step has none: set one of those, or drop the key"},
       {"dist.island-compression", [](const Config& c) { return (c.dist.sync == SyncMode::kStep || c.dist.islands == "rank") && c.dist.island_compression != dist.island_compression; },
        [](Config& c) { c.dist.island_compression = dist.island_compression; },
        [](const Config& c) { return std::string(name_of(c.dist.island_compression)); },
@@ -1107,13 +1110,16 @@ void validate_world(const Config& c, int world_size, bool one_node) {
                "dist.shard-weights gives ", weights.size(), " weight(s) ('", c.dist.shard_weights, "') but the world has ",
                world_size, " rank(s): give one per rank, or auto (on a resume at another world size, give new weights "
                "or auto)");
-  if (c.dist.sync == SyncMode::kLocal) {
+  if (c.dist.sync == SyncMode::kLocal || c.dist.grad_compression == Compression::kPowerSgd) {
     std::vector<int64_t> sizes = island_sizes(c.dist.islands);
     int64_t covered = 0;
     for (int64_t s : sizes) covered += sizes.size() == 1 ? world_size / s * s : s;
     COHORT_CHECK(sizes.empty() || covered == world_size, ConfigError, "dist.islands '", c.dist.islands, "' does not "
                  "divide the world's ", world_size, " rank(s) into islands: give sizes that add up to it, or one size "
                  "that divides it");
+  }
+  if (c.dist.sync == SyncMode::kLocal) {
+    std::vector<int64_t> sizes = island_sizes(c.dist.islands);
     const bool single = c.dist.islands == "rank" || (one_node && c.dist.islands == "auto") ||
                         (!sizes.empty() && *std::max_element(sizes.begin(), sizes.end()) == 1);
     COHORT_CHECK(c.dist.shard == ShardMode::kNone || !single || world_size == 1, ConfigError,

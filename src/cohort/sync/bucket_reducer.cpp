@@ -264,6 +264,89 @@ class PowerSgdSum : public BucketReducer {
   InOrderWorker worker_;  // last: stopped before the compressors go
 };
 
+// PowerSGD on a hierarchical all-reduce (dist.islands with dist.sync =
+// step): each island sums its gradients exactly over its fast links, as
+// backward goes; then island rank i compresses the buckets b with b mod
+// width = i between the islands (PowerSGD's products over `across`: one
+// compressed gradient per island per step, its buckets spread over the
+// island's links), and broadcasts them, with their Qs, inside the island.
+// So every rank applies the same gradient and holds the same Qs; a bucket's
+// error-feedback remainder is its compressing rank's.
+class IslandPowerSgd : public BucketReducer {
+ public:
+  IslandPowerSgd(Comm& inside, Comm& across, int width, const GradBuckets& buckets, int64_t rank, uint64_t seed)
+      : inside_(inside), across_(across), width_(width), buckets_(buckets) {
+    if (inside.size() > 1) inner_ = std::make_unique<ExactSum>(inside, buckets);
+    else inner_ = std::make_unique<MicroBatchSum>(buckets);
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      std::vector<std::string> names;
+      for (size_t k : buckets.params(b)) names.push_back(buckets.name(k));
+      compressors_.push_back(std::make_unique<PowerSgdBucket>(buckets.params_of(b), names, rank, seed));
+    }
+  }
+
+  void fold() override { inner_->fold(); }
+  void launch(size_t b) override { inner_->launch(b); }
+
+  void finish() override {
+    inner_->finish();  // the island's exact sums, in the buckets
+    torch::NoGradGuard no_grad;
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      if (owner(b) == inside_.rank()) compressors_[b]->reduce(across_, buckets_.grads(b));
+    }
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      torch::Tensor flat = buckets_.flat(b);
+      inside_.broadcast(flat, owner(b), "island gradient broadcast");
+      for (auto& [name, q] : compressors_[b]->shared_state()) inside_.broadcast(q, owner(b), "island powersgd Q");
+    }
+  }
+
+  // Per island: its ranks together put one compressed gradient between islands.
+  int64_t wire_floats() const override {
+    int64_t n = 0;
+    for (const auto& c : compressors_) n += c->wire_floats();
+    return n;
+  }
+  size_t compressed_tensors() const override {
+    size_t n = 0;
+    for (const auto& c : compressors_) n += c->matrices();
+    return n;
+  }
+  NamedTensors shared_state() const override {
+    NamedTensors out;
+    for (const auto& c : compressors_) {
+      for (auto& t : c->shared_state()) out.push_back(std::move(t));
+    }
+    return out;
+  }
+  NamedTensors own_state() const override {
+    NamedTensors out;
+    for (const auto& c : compressors_) {
+      for (auto& t : c->own_state()) out.push_back(std::move(t));
+    }
+    return out;
+  }
+  void load_state(const NamedTensors& shared, const NamedTensors& own) override {
+    for (auto& c : compressors_) {
+      c->load_shared_state(shared);
+      c->load_own_state(own);
+    }
+  }
+  void reset_state() override {
+    for (auto& c : compressors_) c->reset();
+  }
+
+ private:
+  int owner(size_t b) const { return static_cast<int>(b % static_cast<size_t>(width_)); }
+
+  Comm& inside_;
+  Comm& across_;
+  int width_;
+  const GradBuckets& buckets_;
+  std::unique_ptr<BucketReducer> inner_;
+  std::vector<std::unique_ptr<PowerSgdBucket>> compressors_;
+};
+
 // Reduce to owner (dist.shard = gradients): no bucket buffers. Each
 // gradient is copied into its bucket's wire buffer as backward makes it
 // (fp64 for the exact sum, else the wire dtype) and freed; the worker sums
@@ -349,6 +432,9 @@ std::unique_ptr<BucketReducer> make_bucket_reducer(Comm& comm, GradBuckets& buck
   }
   COHORT_CHECK(o.compression != Compression::kInt8, ConfigError,
                "dist.grad-compression int8 quantizes the outer sync's change only (dist.sync = local)");
+  if (o.inside && o.compression == Compression::kPowerSgd) {
+    return std::make_unique<IslandPowerSgd>(*o.inside, *o.across, o.width, buckets, o.powersgd_rank, o.seed);
+  }
   switch (o.compression) {
     case Compression::kNone: return std::make_unique<ExactSum>(comm, buckets);
     case Compression::kPowerSgd: return std::make_unique<PowerSgdSum>(comm, buckets, o.powersgd_rank, o.seed);

@@ -5,7 +5,8 @@
 // GradBucket): GradSync buckets, orders and overlaps with backward, and
 // calls one reducer that owns its buffers and state. The reducers
 // (bucket_reducer.cpp): the exact sum in fp64; a sum at a wire dtype
-// (fp32, bf16, fp16); PowerSGD's rank-r products; reduce to owner, which
+// (fp32, bf16, fp16); PowerSGD's rank-r products, flat or between islands
+// (the exact sum inside each); reduce to owner, which
 // hands each bucket's sum to a sink that keeps its range (dist.shard =
 // gradients); and on one rank, the micro-batches' exact sum alone.
 //
@@ -80,6 +81,12 @@ struct BucketReducerOptions {
   int64_t powersgd_rank = 4;
   uint64_t seed = 0;              // powersgd: draws the first Qs, the same on every rank
   GradShardSink* sink = nullptr;  // dist.shard = gradients
+  // PowerSGD between islands (dist.islands with dist.sync = step): this
+  // rank's island (`inside`), the same island rank in every island
+  // (`across`), and the smallest island's ranks (`width`). Null: flat.
+  Comm* inside = nullptr;
+  Comm* across = nullptr;
+  int width = 1;
 };
 
 // The reducer for `options` over `buckets` (views not yet made).

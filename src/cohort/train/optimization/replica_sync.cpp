@@ -22,10 +22,16 @@ constexpr char kPrefix[] = "local.";
 // dist.sync = step: GradSync sums every step's gradients; no outer stage.
 class EveryStep : public ReplicaSync {
  public:
-  EveryStep(Comm& comm, torch::nn::Module& module, StepOptimizer& optimizer, const Config& cfg)
-      : comm_(comm), dist_(cfg.dist) {
+  EveryStep(Comm& comm, ReplicaGroups& groups, torch::nn::Module& module, StepOptimizer& optimizer,
+            const Config& cfg)
+      : comm_(comm), dist_(cfg.dist), layout_(groups.layout) {
     GradSyncOptions o = grad_sync_options(cfg.dist, cfg.train.seed);
     o.sink = optimizer.sink();  // dist.shard = gradients: sums go straight into the ranges
+    if (groups.islands.inside) {  // PowerSGD between islands, the exact sum inside each
+      o.inside = groups.islands.inside.get();
+      o.across = groups.islands.across;
+      o.width = groups.layout.width();
+    }
     grad_sync_ = std::make_unique<GradSync>(comm, module, o);
   }
 
@@ -60,16 +66,23 @@ class EveryStep : public ReplicaSync {
   std::string describe() const override {
     if (dist_.grad_compression != Compression::kPowerSgd || comm_.size() == 1) return "";
     const double mib = 1.0 / (1 << 20);
-    return strf("cohort: gradients powersgd rank %lld: %zu of %zu tensors compressed, %.2f MiB per step instead of "
-                "%.2f",
-                static_cast<long long>(dist_.powersgd_rank), grad_sync_->compressed_tensors(), grad_sync_->tensors(),
-                static_cast<double>(grad_sync_->wire_floats()) * 4 * mib,
-                static_cast<double>(grad_sync_->exact_floats()) * 4 * mib);
+    std::string out = strf("cohort: gradients powersgd rank %lld: %zu of %zu tensors compressed, %.2f MiB per step "
+                           "instead of %.2f", static_cast<long long>(dist_.powersgd_rank),
+                           grad_sync_->compressed_tensors(), grad_sync_->tensors(),
+                           static_cast<double>(grad_sync_->wire_floats()) * 4 * mib,
+                           static_cast<double>(grad_sync_->exact_floats()) * 4 * mib);
+    if (layout_.islands.empty()) return out;
+    const std::string who = layout_.width() == 1 ? std::string("an island's first rank compresses every bucket")
+                                                 : strf("island rank i compresses buckets i, i + %d, ...",
+                                                        layout_.width());
+    return out + strf(" from each island; %s, gradients summed exactly inside each, compressed between them (%s) and "
+                      "broadcast inside", layout_.describe().c_str(), who.c_str());
   }
 
  private:
   Comm& comm_;
   DistOptions dist_;
+  const IslandLayout& layout_;  // empty: flat
   std::unique_ptr<GradSync> grad_sync_;
 };
 
@@ -200,7 +213,11 @@ class LocalSteps : public ReplicaSync {
 std::unique_ptr<ReplicaGroups> form_replica_groups(Comm& comm, const Config& cfg) {
   auto g = std::make_unique<ReplicaGroups>();
   g->step = &comm;
-  if (cfg.dist.sync != SyncMode::kLocal) return g;
+  const bool local = cfg.dist.sync == SyncMode::kLocal;
+  // dist.sync = step: islands only for PowerSGD between them, when asked.
+  const bool between = cfg.dist.grad_compression == Compression::kPowerSgd && cfg.dist.islands != "auto" &&
+                       cfg.dist.islands != "rank";
+  if (!local && !between) return g;
   // Where every rank runs, for dist.islands = node (auto).
   std::vector<int> node_of;
   for (const auto& t : comm.all_gather(torch::tensor({static_cast<int64_t>(comm.world().node_rank)}), "islands")) {
@@ -214,7 +231,13 @@ std::unique_ptr<ReplicaGroups> form_replica_groups(Comm& comm, const Config& cfg
   g->layout = plan_islands(spec, node_of, comm.elastic());
   const int per_island = g->layout.largest();
   COHORT_CHECK(g->layout.islands.size() > 1 || comm.size() == 1 || comm.elastic(), ConfigError, "dist.islands '",
-               spec, "' makes one island of the whole world, which has nobody to meet: use dist.sync = step");
+               spec, "' makes one island of the whole world, which has nobody to meet: ",
+               local ? "use dist.sync = step" : "drop dist.islands (flat PowerSGD)");
+  if (!local) {
+    if (per_island > 1) g->islands = form_island_groups(comm, g->layout);
+    else g->layout = IslandLayout{};  // islands of one rank: flat PowerSGD
+    return g;
+  }
   COHORT_CHECK(cfg.dist.shard == ShardMode::kNone || per_island > 1 || comm.size() == 1, ConfigError,
                shard_needs_islands(cfg.dist));
   COHORT_CHECK(cfg.dist.island_compression == Compression::kNone || per_island > 1 || comm.size() == 1,
@@ -229,7 +252,7 @@ std::unique_ptr<ReplicaGroups> form_replica_groups(Comm& comm, const Config& cfg
 std::unique_ptr<ReplicaSync> make_replica_sync(Comm& comm, ReplicaGroups& groups, torch::nn::Module& module,
                                                StepOptimizer& optimizer, const Config& cfg) {
   if (cfg.dist.sync == SyncMode::kLocal) return std::make_unique<LocalSteps>(comm, groups, module, optimizer, cfg);
-  return std::make_unique<EveryStep>(comm, module, optimizer, cfg);
+  return std::make_unique<EveryStep>(comm, groups, module, optimizer, cfg);
 }
 
 }  // namespace cohort

@@ -62,14 +62,16 @@ class ReplicaSync : public StatePart {
 // the outer sync: made before the optimizer, which shards its state over
 // the ranks that step together (dist.shard), and outliving both.
 struct ReplicaGroups {
-  IslandLayout layout;   // dist.sync = local: the islands (flat: one rank each)
-  IslandGroups islands;  // dist.sync = local: this rank's island, and its peers across the islands
+  // dist.sync = local: the islands (flat: one rank each); PowerSGD between
+  // islands: the islands (none: flat).
+  IslandLayout layout;
+  IslandGroups islands;  // this rank's island, and its peers across the islands (islands of several ranks)
   Comm* step = nullptr;  // the ranks that sum gradients every step: the world, or this rank's island
 };
 
-// Collective under dist.sync = local (the islands' groups form). ConfigError,
-// one line, for a layout the world cannot hold, or dist.shard over islands
-// of one rank.
+// Collective under dist.sync = local, and under PowerSGD with dist.islands
+// node or sizes (the islands' groups form). ConfigError, one line, for a
+// layout the world cannot hold, or dist.shard over islands of one rank.
 std::unique_ptr<ReplicaGroups> form_replica_groups(Comm& comm, const Config& cfg);
 
 // After the module's first broadcast (every rank holds the same weights):
