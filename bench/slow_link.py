@@ -27,6 +27,9 @@ batch, constant learning rate, AdamW, clipping, bf16 autocast) with:
                inside an island (fp32, bf16, fp16; exact fp64 otherwise), -ef
                error feedback on the rounded change, as in
                islands-8-f4-d1-int8-ef-wbf16
+  islands-powersgd  Cohort, PowerSGD at --rank between islands of a host's
+               ranks (the exact sum inside a host, one compressed gradient
+               per host between them)
   ddp          PyTorch DistributedDataParallel (bench/peers/bert_pretrain.py,
                the same network written out in PyTorch, MLM at the masked
                positions as Cohort computes it)
@@ -212,6 +215,8 @@ def cohort_cmd(args, method, hosts, i, out, steps):
         cmd += ["--dist.sync", "local", "--dist.local-steps", parts[1], "--dist.islands", "rank"]
         if len(parts) == 4:
             cmd += ["--optim.outer-lr", parts[2], "--optim.outer-momentum", parts[3]]
+    elif method == "islands-powersgd":
+        cmd += ["--dist.grad-compression", "powersgd", "--dist.powersgd-rank", str(args.rank), "--dist.islands", "node"]
     elif method.startswith("islands-"):  # islands-H[-fF][-dD][-bf16|-int8]
         parts = method.split("-")
         cmd += ["--dist.sync", "local", "--dist.local-steps", parts[1], "--dist.islands", "node"]

@@ -83,11 +83,22 @@ LocalSync::LocalSync(Comm& inside, Comm& across, torch::nn::Module& module, Loca
   }
   anchor_ = flat_params();
   momentum_ = torch::zeros_like(anchor_);
-  if (opts_.error_feedback) remainder_ = torch::zeros_like(anchor_);
   samples_.assign(static_cast<size_t>(opts_.fragments), 0.0);
   const int global = inside_.global_ranks().at(static_cast<size_t>(inside_.rank()));
   island_ = opts_.island_of.empty() ? across_.rank() : opts_.island_of.at(static_cast<size_t>(global));
   width_ = opts_.island_of.empty() ? inside_.size() : island_width(opts_.island_of);
+  if (opts_.error_feedback) {  // this rank's slices only, end to end
+    int64_t kept = 0;
+    for (int64_t f = 0; f < opts_.fragments; ++f) {
+      kept_at_.push_back(kept);
+      kept += slice(fragment(f)).size();
+    }
+    remainder_ = torch::zeros({kept}, anchor_.options());
+  }
+}
+
+torch::Tensor LocalSync::kept(int64_t f) const {
+  return remainder_.narrow(0, kept_at_.at(static_cast<size_t>(f)), slice(fragment(f)).size());
 }
 
 int LocalSync::world_size() const {
@@ -197,7 +208,7 @@ void LocalSync::start(int64_t f, int64_t due, bool delayed) {
   flight->island_samples = island;
   const Range s = slice(fragment(f));
   torch::Tensor change = anchor_.narrow(0, s.lo, s.size()) - flat_params().narrow(0, s.lo, s.size());
-  if (remainder_.defined()) change.add_(remainder_.narrow(0, s.lo, s.size()));
+  if (remainder_.defined()) change.add_(kept(f));
   torch::Tensor sent = change * island;
   if (opts_.wire == Compression::kBf16) sent = sent.to(torch::kBFloat16);
   if (opts_.wire == Compression::kFp16) sent = sent.to(torch::kFloat16);
@@ -207,7 +218,7 @@ void LocalSync::start(int64_t f, int64_t due, bool delayed) {
     torch::Tensor carried = opts_.wire == Compression::kInt8 ? dequantize(flight->sent, s.size()).to(change.device())
                                                              : flight->sent.to(torch::kFloat32);
     if (island > 0) change.sub_(carried.div_(island));
-    remainder_.narrow(0, s.lo, s.size()).copy_(change);
+    kept(f).copy_(change);
   }
   launch(*flight);
   in_flight_ = std::move(flight);
@@ -356,7 +367,16 @@ std::string LocalSync::load_state(const NamedTensors& shared, const std::vector<
     if (remainder_.defined()) {  // none when the writer had no error feedback
       const torch::Tensor kept = find(mine, kRemainder);
       remainder_.zero_();
-      if (kept.defined()) remainder_.copy_(check(kept, kRemainder, anchor_.numel(), on_device));
+      if (kept.defined() && kept.numel() == anchor_.numel() && kept.numel() != remainder_.numel()) {
+        // Written whole (zeros outside the writer's slices) by earlier builds.
+        const torch::Tensor whole = kept.to(on_device).reshape({-1});
+        for (int64_t f = 0; f < opts_.fragments; ++f) {
+          const Range s = slice(fragment(f));
+          this->kept(f).copy_(whole.narrow(0, s.lo, s.size()));
+        }
+      } else if (kept.defined()) {
+        remainder_.copy_(check(kept, kRemainder, remainder_.numel(), on_device));
+      }
     }
     if (flying.defined()) {  // send it again: every rank sends what it sent, so the sum is the same
       auto flight = std::make_unique<InFlight>();

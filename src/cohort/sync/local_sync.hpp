@@ -174,9 +174,12 @@ class LocalSync {
   std::vector<torch::Tensor> params_;  // trainable parameters and floating buffers, in module order
   torch::Tensor anchor_;    // the parameters at each fragment's last sync, flat
   torch::Tensor momentum_;  // the outer Nesterov buffer, flat
-  // Error feedback: per value of this rank's slices, what the wire's
-  // rounding left out of its last change (per sample, as the change).
+  // Error feedback: per value of this rank's slices (fragment f's from
+  // kept_at_[f]), what the wire's rounding left out of its last change (per
+  // sample, as the change).
   torch::Tensor remainder_;
+  std::vector<int64_t> kept_at_;
+  torch::Tensor kept(int64_t f) const;  // fragment f's slice of remainder_
   std::vector<double> samples_;  // per fragment: this rank's samples since its window opened
   std::unique_ptr<InFlight> in_flight_;
   torch::Tensor stash_;     // with_synced: this rank's parameters while the synced ones are in
