@@ -39,7 +39,8 @@ std::vector<int> IslandLayout::across(int r) const {
 std::string IslandLayout::describe() const {
   std::string sizes;
   for (const auto& island : islands) sizes += detail::cat(sizes.empty() ? "" : ",", island.size());
-  return detail::cat(islands.size(), " island(s) of ", width() == largest() ? std::to_string(width()) : sizes, " rank(s)",
+  if (width() == largest()) sizes = std::to_string(width());
+  return detail::cat(islands.size(), " island(s) of ", sizes, " rank(s)",
                      how == "node" ? " (one per node)" : how == "rank" ? " (one per rank)" : "");
 }
 
