@@ -87,15 +87,15 @@ std::map<std::string, torch::Tensor> final_model(const std::string& run) {
   return {file.tensors.begin(), file.tensors.end()};
 }
 
-// Every step of the 80 once in the log, every one of the 240 samples once
-// in each of the 4 epochs.
-void expect_each_step_and_sample_once(const TempDir& tmp) {
+// Every step of the run's (80 by default) once in the log, every one of
+// the 240 samples once in each of its epochs (4, 20 steps each).
+void expect_each_step_and_sample_once(const TempDir& tmp, int64_t epochs = 4) {
   std::set<int64_t> steps;
   for (const auto& j : lines_of_kind(tmp / "run/metrics.jsonl", "train")) {
     EXPECT_TRUE(steps.insert(j["step"].get<int64_t>()).second);
   }
-  EXPECT_EQ(steps.size(), 80u);
-  expect_every_sample_once(tmp / "run", 240, 4);
+  EXPECT_EQ(static_cast<int64_t>(steps.size()), 20 * epochs);
+  expect_every_sample_once(tmp / "run", 240, epochs);
 }
 
 // The elastic run's final weights are those of `fixed` (a run checkpointing
@@ -592,6 +592,31 @@ TEST(Elastic, LostShardComesFromTheCheckpoint) {
   expect_every_sample_once(tmp / "run", 240, 2);
 }
 
+// Four netns hosts of one rank train the run of `args`; host `dies`'s rank
+// (rank `dies` of the first world) dies as step 13 begins, and the other
+// three must finish. `out0`: host 0's output.
+static void four_hosts_one_dies(const NetnsHosts& net, const TempDir& tmp, const std::string& args, int dies,
+                         std::string* out0) {
+  std::vector<std::unique_ptr<Background>> hosts;
+  for (int h = 0; h < 4; ++h) {
+    const std::string die = h == dies ? cohort::strf("COHORT_DEBUG_DIE=%d:13:forward ", dies) : "";
+    hosts.push_back(std::make_unique<Background>(
+        net.on(h, "env COHORT_DEBUG_DELAY=0:30 " + die + COHORT_BIN + args + " --node-rank " + std::to_string(h)), tmp,
+        "h" + std::to_string(h)));
+  }
+  std::string errs;
+  for (int h = 0; h < 4; ++h) {
+    if (h == dies) continue;
+    const int code = hosts[static_cast<size_t>(h)]->wait_exit();
+    errs += cohort::strf("host %d (exit %d):\n", h, code) + hosts[static_cast<size_t>(h)]->err();
+  }
+  hosts[static_cast<size_t>(dies)]->wait(30s);
+  for (int h = 0; h < 4; ++h) {
+    if (h != dies) ASSERT_EQ(hosts[static_cast<size_t>(h)]->wait_exit(), 0) << errs;
+  }
+  *out0 = hosts[0]->out() + hosts[0]->err();
+}
+
 // Islands (dist.islands) in an elastic world: a world plans its islands
 // from the members it has, so a lost host is a lost island and a lost rank
 // leaves its island smaller, and the survivors go on from the last outer
@@ -621,10 +646,7 @@ TEST(ElasticIslands, AWholeIslandLostTheOthersGoOnFromTheLastSync) {
             std::string::npos) << out0;
   EXPECT_NE(out0.find("2 island(s) of 2 rank(s) (one per node), gradients summed exactly inside each"),
             std::string::npos) << out0;
-  std::set<int64_t> steps;
-  for (const auto& j : lines_of_kind(metrics, "train")) EXPECT_TRUE(steps.insert(j["step"].get<int64_t>()).second);
-  EXPECT_EQ(steps.size(), 60u);
-  expect_every_sample_once(tmp / "run", 240, 3);
+  expect_each_step_and_sample_once(tmp, 3);
 }
 
 // Four hosts of one rank as two islands of two; rank 3 dies as step 13
@@ -643,15 +665,8 @@ TEST(ElasticIslands, ARankLostInsideAnIslandItsIslandGoesOnWithoutIt) {
   const std::string args = common + cohort::strf(
       " --log.every-steps 1 --log.sample-ids --dist.timeout 30 --init-method tcp://%s:29647 --nnodes 4 "
       "--min-nodes 2 --dist.islands 2 --out %s", net.address(0).c_str(), (tmp / "run").c_str());
-  std::vector<std::unique_ptr<Background>> hosts;
-  for (int h = 0; h < 4; ++h) {
-    hosts.push_back(std::make_unique<Background>(
-        net.on(h, std::string("env COHORT_DEBUG_DELAY=0:30 ") + (h == 3 ? "COHORT_DEBUG_DIE=3:13:forward " : "") +
-                      COHORT_BIN + args + " --node-rank " + std::to_string(h)), tmp, "h" + std::to_string(h)));
-  }
-  for (int h = 0; h < 3; ++h) ASSERT_EQ(hosts[static_cast<size_t>(h)]->wait_exit(), 0) << hosts[h]->err();
-  hosts[3]->wait(30s);
-  const std::string out0 = hosts[0]->out() + hosts[0]->err();
+  std::string out0;
+  ASSERT_NO_FATAL_FAILURE(four_hosts_one_dies(net, tmp, args, 3, &out0));
   const std::string metrics = tmp / "run/metrics.jsonl";
   auto changes = lines_of_kind(metrics, "membership");
   ASSERT_EQ(changes.size(), 1u) << read_file(metrics);
@@ -662,10 +677,7 @@ TEST(ElasticIslands, ARankLostInsideAnIslandItsIslandGoesOnWithoutIt) {
                       "1/2"), std::string::npos) << out0;
   EXPECT_NE(out0.find("2 island(s) of 2,1 rank(s), gradients summed exactly inside each, and each of the first 1 "
                       "rank(s) of an island sums its 1/1"), std::string::npos) << out0;
-  std::set<int64_t> steps;
-  for (const auto& j : lines_of_kind(metrics, "train")) EXPECT_TRUE(steps.insert(j["step"].get<int64_t>()).second);
-  EXPECT_EQ(steps.size(), 60u);
-  expect_every_sample_once(tmp / "run", 240, 3);
+  expect_each_step_and_sample_once(tmp, 3);
 
   auto first = run_cohort(common + " --quiet --oversubscribe --nproc-per-node 4 --dist.islands 2 --ckpt.every-steps 4 "
                           "--ckpt.keep 100 --out " + (tmp / "ref4"));
@@ -696,20 +708,8 @@ TEST(ElasticIslands, ShardedIslandLosesARankAndTakesAWholeIslandsRanges) {
       "--dist.local-steps 4 --dist.islands 2 --dist.shard optimizer --log.every-steps 1 --log.sample-ids "
       "--dist.timeout 30 --init-method tcp://%s:29648 --nnodes 4 --min-nodes 2 --data.path %s --out %s",
       net.address(0).c_str(), tmp.path().c_str(), (tmp / "run").c_str());
-  std::vector<std::unique_ptr<Background>> hosts;
-  for (int h = 0; h < 4; ++h) {
-    hosts.push_back(std::make_unique<Background>(
-        net.on(h, std::string("env COHORT_DEBUG_DELAY=0:30 ") + (h == 1 ? "COHORT_DEBUG_DIE=1:13:forward " : "") +
-                      COHORT_BIN + args + " --node-rank " + std::to_string(h)), tmp, "h" + std::to_string(h)));
-  }
-  std::string errs;
-  for (int h : {0, 2, 3}) {
-    const int code = hosts[static_cast<size_t>(h)]->wait_exit();
-    errs += cohort::strf("host %d (exit %d):\n", h, code) + hosts[static_cast<size_t>(h)]->err();
-  }
-  hosts[1]->wait(30s);
-  for (int h : {0, 2, 3}) ASSERT_EQ(hosts[static_cast<size_t>(h)]->wait_exit(), 0) << errs;
-  const std::string out0 = hosts[0]->out() + hosts[0]->err();
+  std::string out0;
+  ASSERT_NO_FATAL_FAILURE(four_hosts_one_dies(net, tmp, args, 1, &out0));
   const std::string metrics = tmp / "run/metrics.jsonl";
   auto changes = lines_of_kind(metrics, "membership");
   ASSERT_EQ(changes.size(), 1u) << read_file(metrics);
@@ -719,8 +719,5 @@ TEST(ElasticIslands, ShardedIslandLosesARankAndTakesAWholeIslandsRanges) {
   EXPECT_NE(out0.find("re-sharded the optimizer state in memory from 2 surviving range(s) into 2"), std::string::npos)
       << out0;
   EXPECT_EQ(out0.find("continuing from"), std::string::npos) << "no checkpoint is read\n" << out0;
-  std::set<int64_t> steps;
-  for (const auto& j : lines_of_kind(metrics, "train")) EXPECT_TRUE(steps.insert(j["step"].get<int64_t>()).second);
-  EXPECT_EQ(steps.size(), 60u);
-  expect_every_sample_once(tmp / "run", 240, 3);
+  expect_each_step_and_sample_once(tmp, 3);
 }

@@ -205,23 +205,17 @@ class WireSum : public BucketReducer {
   Launched launched_;
 };
 
-// PowerSGD: a compressor per bucket, run on the worker in bucket order
-// (two all-reduces per bucket with arithmetic between them), in place in
-// the gradients.
-class PowerSgdSum : public BucketReducer {
+// PowerSGD's compressors, one per bucket, and their state: what both
+// PowerSGD reducers keep.
+class PowerSgdReducer : public BucketReducer {
  public:
-  PowerSgdSum(Comm& comm, const GradBuckets& buckets, int64_t rank, uint64_t seed) : comm_(comm), buckets_(buckets) {
+  PowerSgdReducer(const GradBuckets& buckets, int64_t rank, uint64_t seed) {
     for (size_t b = 0; b < buckets.size(); ++b) {
       std::vector<std::string> names;
       for (size_t k : buckets.params(b)) names.push_back(buckets.name(k));
       compressors_.push_back(std::make_unique<PowerSgdBucket>(buckets.params_of(b), names, rank, seed));
     }
   }
-
-  void launch(size_t b) override {
-    worker_.push([this, b, grads = buckets_.grads(b)] { compressors_[b]->reduce(comm_, grads); });
-  }
-  void finish() override { worker_.finish(); }
 
   int64_t wire_floats() const override {
     int64_t n = 0;
@@ -257,11 +251,27 @@ class PowerSgdSum : public BucketReducer {
     for (auto& c : compressors_) c->reset();
   }
 
+ protected:
+  std::vector<std::unique_ptr<PowerSgdBucket>> compressors_;
+};
+
+// PowerSGD: a compressor per bucket, run on the worker in bucket order
+// (two all-reduces per bucket with arithmetic between them), in place in
+// the gradients.
+class PowerSgdSum : public PowerSgdReducer {
+ public:
+  PowerSgdSum(Comm& comm, const GradBuckets& buckets, int64_t rank, uint64_t seed)
+      : PowerSgdReducer(buckets, rank, seed), comm_(comm), buckets_(buckets) {}
+
+  void launch(size_t b) override {
+    worker_.push([this, b, grads = buckets_.grads(b)] { compressors_[b]->reduce(comm_, grads); });
+  }
+  void finish() override { worker_.finish(); }
+
  private:
   Comm& comm_;
   const GradBuckets& buckets_;
-  std::vector<std::unique_ptr<PowerSgdBucket>> compressors_;
-  InOrderWorker worker_;  // last: stopped before the compressors go
+  InOrderWorker worker_;  // stopped before the compressors (the base's) go
 };
 
 // PowerSGD on a hierarchical all-reduce (dist.islands with dist.sync =
@@ -272,17 +282,12 @@ class PowerSgdSum : public BucketReducer {
 // island's links), and broadcasts them, with their Qs, inside the island.
 // So every rank applies the same gradient and holds the same Qs; a bucket's
 // error-feedback remainder is its compressing rank's.
-class IslandPowerSgd : public BucketReducer {
+class IslandPowerSgd : public PowerSgdReducer {
  public:
   IslandPowerSgd(Comm& inside, Comm& across, int width, const GradBuckets& buckets, int64_t rank, uint64_t seed)
-      : inside_(inside), across_(across), width_(width), buckets_(buckets) {
+      : PowerSgdReducer(buckets, rank, seed), inside_(inside), across_(across), width_(width), buckets_(buckets) {
     if (inside.size() > 1) inner_ = std::make_unique<ExactSum>(inside, buckets);
     else inner_ = std::make_unique<MicroBatchSum>(buckets);
-    for (size_t b = 0; b < buckets.size(); ++b) {
-      std::vector<std::string> names;
-      for (size_t k : buckets.params(b)) names.push_back(buckets.name(k));
-      compressors_.push_back(std::make_unique<PowerSgdBucket>(buckets.params_of(b), names, rank, seed));
-    }
   }
 
   void fold() override { inner_->fold(); }
@@ -300,41 +305,8 @@ class IslandPowerSgd : public BucketReducer {
       for (auto& [name, q] : compressors_[b]->shared_state()) inside_.broadcast(q, owner(b), "island powersgd Q");
     }
   }
-
-  // Per island: its ranks together put one compressed gradient between islands.
-  int64_t wire_floats() const override {
-    int64_t n = 0;
-    for (const auto& c : compressors_) n += c->wire_floats();
-    return n;
-  }
-  size_t compressed_tensors() const override {
-    size_t n = 0;
-    for (const auto& c : compressors_) n += c->matrices();
-    return n;
-  }
-  NamedTensors shared_state() const override {
-    NamedTensors out;
-    for (const auto& c : compressors_) {
-      for (auto& t : c->shared_state()) out.push_back(std::move(t));
-    }
-    return out;
-  }
-  NamedTensors own_state() const override {
-    NamedTensors out;
-    for (const auto& c : compressors_) {
-      for (auto& t : c->own_state()) out.push_back(std::move(t));
-    }
-    return out;
-  }
-  void load_state(const NamedTensors& shared, const NamedTensors& own) override {
-    for (auto& c : compressors_) {
-      c->load_shared_state(shared);
-      c->load_own_state(own);
-    }
-  }
-  void reset_state() override {
-    for (auto& c : compressors_) c->reset();
-  }
+  // wire_floats(): per island, its ranks together put one compressed
+  // gradient between islands.
 
  private:
   int owner(size_t b) const { return static_cast<int>(b % static_cast<size_t>(width_)); }
@@ -344,7 +316,6 @@ class IslandPowerSgd : public BucketReducer {
   int width_;
   const GradBuckets& buckets_;
   std::unique_ptr<BucketReducer> inner_;
-  std::vector<std::unique_ptr<PowerSgdBucket>> compressors_;
 };
 
 // Reduce to owner (dist.shard = gradients): no bucket buffers. Each
