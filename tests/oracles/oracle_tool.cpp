@@ -7,6 +7,14 @@
 //       DATA_DIR's SPLIT through the reader and BertForPretraining in eval
 //       mode (fp32), and writes the batch and both heads' logits
 //       (BertForMaskedLM exports: no NSP logits)
+//   cohort_oracle_tool modernbert-logits MODEL_DIR DATA_DIR SPLIT ROWS OUT.safetensors
+//       loads a Hugging Face ModernBERT directory (config.json +
+//       model.safetensors, as save_pretrained or `cohort export` writes it)
+//       into ModernBertForMaskedLM, runs the first ROWS rows of DATA_DIR's
+//       SPLIT in eval mode (fp32), padded and packed (data.pack's packing,
+//       rows twice as long),
+//       and writes the batch, the logits at every position (all_logits) and
+//       the MLM logits at the masked positions, padded and packed
 //   cohort_oracle_tool mask-draws DATA_DIR SPLIT ROWS PROB WHOLE_WORD EPOCH OUT.safetensors
 //       the first ROWS rows of DATA_DIR's SPLIT restored (their stored
 //       targets put back) and masked afresh as task.masking dynamic does
@@ -27,6 +35,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/data/bert_shards.hpp"
 #include "cohort/model/bert.hpp"
+#include "cohort/model/modernbert.hpp"
 #include "cohort/prep/prepare.hpp"
 #include "cohort/text/wordpiece.hpp"
 
@@ -68,6 +77,38 @@ int bert_logits(const std::string& model_dir, const std::string& data_dir, const
   t.emplace_back("mlm_logits", o.mlm_logits.contiguous());
   t.emplace_back("mlm_labels", o.mlm_labels.contiguous());
   if (o.nsp_logits.defined()) t.emplace_back("nsp_logits", o.nsp_logits.contiguous());
+  save_safetensors(out, t, {});
+  return 0;
+}
+
+int modernbert_logits(const std::string& model_dir, const std::string& data_dir, const std::string& split,
+                      int64_t rows, const std::string& out) {
+  std::ifstream in(fs::path(model_dir) / "config.json");
+  COHORT_CHECK(in, DataError, "no config.json in ", model_dir);
+  ModernBertConfig c = ModernBertConfig::from_hf(nlohmann::json::parse(in), model_dir + "/config.json");
+  ModernBertForMaskedLM model(c);
+  load_model_weights(*model, (fs::path(model_dir) / "model.safetensors").string(),
+                     [](const std::string& name) { return name == "decoder.weight"; });
+  model->eval();
+
+  BertShards data(data_dir, split);
+  std::vector<int64_t> ids(static_cast<size_t>(std::min(rows, data.size())));
+  std::iota(ids.begin(), ids.end(), 0);
+  Example b = data.get_batch(ids);
+  // Rows twice as long: two sequences share a row, and positions restart.
+  Example packed = pack_bert_rows(b, 2 * b.at("input_ids").size(1));
+  torch::NoGradGuard no_grad;
+  auto padded_out = model->forward(BertBatch::from(b));
+  auto packed_out = model->forward(BertBatch::from(packed));
+  NamedTensors t;
+  for (const char* k : {"input_ids", "input_mask", "masked_lm_positions", "masked_lm_ids"})
+    t.emplace_back(k, b.at(k).contiguous());
+  t.emplace_back("packed_rows", torch::tensor(packed.at("input_ids").size(0)));
+  t.emplace_back("all_logits", model->all_logits(b.at("input_ids"), b.at("input_mask")).contiguous());
+  t.emplace_back("mlm_logits", padded_out.mlm_logits.contiguous());
+  t.emplace_back("mlm_labels", padded_out.mlm_labels.contiguous());
+  t.emplace_back("mlm_logits_packed", packed_out.mlm_logits.contiguous());
+  t.emplace_back("mlm_labels_packed", packed_out.mlm_labels.contiguous());
   save_safetensors(out, t, {});
   return 0;
 }
@@ -133,6 +174,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> a(argv + 1, argv + argc);
   try {
     if (a.size() == 6 && a[0] == "bert-logits") return bert_logits(a[1], a[2], a[3], std::stoll(a[4]), a[5]);
+    if (a.size() == 6 && a[0] == "modernbert-logits")
+      return modernbert_logits(a[1], a[2], a[3], std::stoll(a[4]), a[5]);
     if (a.size() == 8 && a[0] == "mask-draws")
       return mask_draws(a[1], a[2], std::stoll(a[3]), std::stod(a[4]), a[5] == "1", std::stoll(a[6]), a[7]);
     if (a.size() == 3 && a[0] == "gcide-lines") return gcide_lines(a[1], a[2]);

@@ -67,7 +67,7 @@ nlohmann::json bert_config(const ExportSource& s, const std::string& architectur
 // The tokenizer the run trained with: RUN_DIR/tokenizer/ (written at its
 // start); for a run made before Cohort kept one, the vocabulary its config
 // names, said so; else a note that the export has none.
-void write_tokenizer(const ExportSource& s, const std::string& out_dir, ExportResult& result) {
+void write_tokenizer(const ExportSource& s, const std::string& out_dir, int64_t max_len, ExportResult& result) {
   const fs::path kept = fs::path(s.run_dir) / text::kTokenizerDir;
   if (!s.run_dir.empty() && fs::exists(kept / "vocab.txt")) {
     for (const char* name : {"vocab.txt", "tokenizer_config.json", "special_tokens_map.json"}) {
@@ -90,12 +90,51 @@ void write_tokenizer(const ExportSource& s, const std::string& out_dir, ExportRe
   }
   result.notes.push_back("the run keeps no tokenizer (" + kept.string() + "): took " + vocab.string() +
                          (lowercase ? " (uncased)" : " (cased)") + " from its config; check that it is the one the run trained with");
-  const int64_t max_len = tensor(s, "bert.embeddings.position_embeddings.weight").size(0);
   for (const auto& [name, text] : text::hf_tokenizer_files(read_file(vocab.string()), lowercase, max_len))
     write_text(out_dir, name, text, result);
 }
 
+int64_t bert_max_len(const ExportSource& s) {
+  return tensor(s, "bert.embeddings.position_embeddings.weight").size(0);
+}
+
+// model.name modernbert: Hugging Face's ModernBertForMaskedLM or
+// ModernBertForSequenceClassification, with the config.json the run wrote
+// at its start (RUN_DIR/hf-config.json, kHfConfigFile: the architecture may come from
+// model.init's config.json, which the run's keys do not describe).
+nlohmann::json modernbert_config(const ExportSource& s, const std::string& architecture) {
+  const fs::path kept = fs::path(s.run_dir) / kHfConfigFile;
+  COHORT_CHECK(!s.run_dir.empty() && fs::exists(kept), DataError, "a ModernBERT export needs the run's hf-config.json",
+               s.run_dir.empty() ? " (this checkpoint is outside its run: copy RUN_DIR/hf-config.json beside it)"
+                                 : detail::cat(" (", kept.string(), " does not exist)"));
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(read_file(kept.string()));
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(detail::cat(kept.string(), " is not JSON: ", e.what()));
+  }
+  config["architectures"] = {architecture};
+  config["vocab_size"] = tensor(s, "model.embeddings.tok_embeddings.weight").size(0);
+  return config;
+}
+
 void export_bert_pretrain(const ExportSource& s, const std::string& out_dir, ExportResult& result) {
+  if (s.cfg.model.name == "modernbert") {
+    // The decoder is tied to the token embeddings: Hugging Face's file leaves its weight out.
+    write_weights(s, NamedTensors(s.weights.tensors.begin(), s.weights.tensors.end()), out_dir, result);
+    result.hf_class = "ModernBertForMaskedLM";
+    nlohmann::json config = modernbert_config(s, result.hf_class);
+    write_text(out_dir, "config.json", config.dump(2) + "\n", result);
+    write_tokenizer(s, out_dir, config.value("max_position_embeddings", int64_t{8192}), result);
+    // AutoTokenizer builds a ModernBERT's tokenizer from tokenizer.json alone.
+    const fs::path vocab = fs::path(out_dir) / "vocab.txt";
+    if (fs::exists(vocab)) {
+      auto tc = nlohmann::json::parse(read_file((fs::path(out_dir) / "tokenizer_config.json").string()));
+      write_text(out_dir, "tokenizer.json",
+                 text::hf_wordpiece_json(read_file(vocab.string()), tc.value("do_lower_case", true)), result);
+    }
+    return;
+  }
   // BertForPreTraining's (and BertForMaskedLM's) state_dict() also names the
   // tied MLM decoder, so that load_state_dict(strict=True) finds every key
   // it expects.
@@ -107,7 +146,7 @@ void export_bert_pretrain(const ExportSource& s, const std::string& out_dir, Exp
   const bool nsp = s.weights.tensors.count("cls.seq_relationship.weight") > 0;
   result.hf_class = nsp ? "BertForPreTraining" : "BertForMaskedLM";
   write_text(out_dir, "config.json", bert_config(s, result.hf_class).dump(2) + "\n", result);
-  write_tokenizer(s, out_dir, result);
+  write_tokenizer(s, out_dir, bert_max_len(s), result);
 }
 
 void export_bert_classify(const ExportSource& s, const std::string& out_dir, ExportResult& result) {
@@ -139,7 +178,7 @@ void export_bert_classify(const ExportSource& s, const std::string& out_dir, Exp
   config["problem_type"] = "single_label_classification";
   config["classifier_dropout"] = nullptr;  // hidden_dropout_prob, as Cohort's classifier
   write_text(out_dir, "config.json", config.dump(2) + "\n", result);
-  write_tokenizer(s, out_dir, result);
+  write_tokenizer(s, out_dir, bert_max_len(s), result);
 }
 
 void export_image_classify(const ExportSource& s, const std::string& out_dir, ExportResult& result) {

@@ -25,6 +25,12 @@
 
 namespace cohort {
 
+// A run's Hugging Face config.json, for a model whose architecture its
+// model.* keys do not describe alone (ModernBERT from model.init's
+// config.json): the task writes it into the run directory when the run
+// starts (Task::run_files), and the exporter writes it beside the weights.
+inline constexpr const char* kHfConfigFile = "hf-config.json";
+
 // What an exporter reads: the verified checkpoint, its config and weights.
 struct ExportSource {
   std::string checkpoint_dir;

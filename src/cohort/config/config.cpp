@@ -305,7 +305,8 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("dist.backend", c.dist.backend, "collectives on CUDA tensors: auto = nccl when built with it, else gloo; "
        "gloo also runs several ranks on one GPU. CPU tensors always use gloo");
 
-  bind("model.name", c.model.name, "model: mlp | cnn (image tasks), bert, or one the program registered", fixed);
+  bind("model.name", c.model.name, "model: mlp | cnn (image tasks), bert or modernbert (text tasks), or one the "
+       "program registered", fixed);
   bind("model.hidden", c.model.hidden, "hidden width", fixed);
   bind("model.dropout", c.model.dropout, "dropout probability (bert: hidden dropout)", fixed);
   bind("model.layers", c.model.layers, "bert: transformer layers", fixed);
@@ -315,6 +316,13 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("model.type-vocab", c.model.type_vocab, "bert: segment (token type) embeddings", fixed);
   bind("model.vocab-size", c.model.vocab_size, "bert: vocabulary; 0 = the data's (manifest.json or vocab.txt)", fixed);
   bind("model.attention-dropout", c.model.attention_dropout, "bert: dropout on attention probabilities", fixed);
+  bind("model.local-attention", c.model.local_attention, "modernbert: the sliding window's width in tokens (each "
+       "sees half of it on either side), as Hugging Face's local_attention", fixed);
+  bind("model.global-every", c.model.global_every, "modernbert: every n-th layer (from the first) attends globally, "
+       "the others in the sliding window", fixed);
+  bind("model.global-rope-theta", c.model.global_rope_theta, "modernbert: the rotary base of the global layers", fixed);
+  bind("model.local-rope-theta", c.model.local_rope_theta, "modernbert: the rotary base of the sliding-window layers",
+       fixed);
   bind("model.dropout-rng", c.model.dropout_rng, "dropout masks: sample = keyed by (seed, step, sample id), the same "
        "on any world size and split; rank = each rank's torch generator", fixed);
   bind("model.init", c.model.init, "start from these weights (model.safetensors, export, checkpoint or run dir); '' = fresh", fixed);
@@ -889,7 +897,25 @@ const std::vector<InertRule>& inert_rules() {
                           "dist.shard, or drop the key";
   const char* every_step = "applies to dist.sync = local (the outer step); dist.sync = step has none: set dist.sync "
                            "local, or drop the key";
+  static const ModelOptions model;
+  const char* not_modern = "applies to model.name modernbert (its sliding window and rotary positions): drop the key";
   static const std::vector<InertRule> rules = {
+      {"model.local-attention", [](const Config& c) { return c.model.name != "modernbert" && c.model.local_attention != model.local_attention; },
+       [](Config& c) { c.model.local_attention = model.local_attention; },
+       [](const Config& c) { return std::to_string(c.model.local_attention); }, not_modern},
+      {"model.global-every", [](const Config& c) { return c.model.name != "modernbert" && c.model.global_every != model.global_every; },
+       [](Config& c) { c.model.global_every = model.global_every; },
+       [](const Config& c) { return std::to_string(c.model.global_every); }, not_modern},
+      {"model.global-rope-theta", [](const Config& c) { return c.model.name != "modernbert" && c.model.global_rope_theta != model.global_rope_theta; },
+       [](Config& c) { c.model.global_rope_theta = model.global_rope_theta; },
+       [](const Config& c) { return detail::cat(c.model.global_rope_theta); }, not_modern},
+      {"model.local-rope-theta", [](const Config& c) { return c.model.name != "modernbert" && c.model.local_rope_theta != model.local_rope_theta; },
+       [](Config& c) { c.model.local_rope_theta = model.local_rope_theta; },
+       [](const Config& c) { return detail::cat(c.model.local_rope_theta); }, not_modern},
+      {"model.type-vocab", [](const Config& c) { return c.model.name == "modernbert" && c.model.type_vocab != model.type_vocab; },
+       [](Config& c) { c.model.type_vocab = model.type_vocab; },
+       [](const Config& c) { return std::to_string(c.model.type_vocab); },
+       "applies to model.name bert: ModernBERT has no segment embeddings: drop the key"},
       {"dist.shard-replicas", [](const Config& c) { return c.dist.shard == ShardMode::kNone && c.dist.shard_replicas != dist.shard_replicas; },
        [](Config& c) { c.dist.shard_replicas = dist.shard_replicas; },
        [](const Config& c) { return std::to_string(c.dist.shard_replicas); }, unsharded},
@@ -1084,6 +1110,12 @@ void validate(const Config& c) {
   require(c.model.intermediate >= 0, "model.intermediate", c.model.intermediate, "must be >= 0");
   require(c.model.max_positions >= 2, "model.max-positions", c.model.max_positions, "must be >= 2");
   require(c.model.type_vocab >= 2, "model.type-vocab", c.model.type_vocab, "must be >= 2");
+  require(c.model.local_attention >= 2, "model.local-attention", c.model.local_attention, "must be >= 2");
+  require(c.model.global_every >= 1, "model.global-every", c.model.global_every, "must be >= 1");
+  require(std::isfinite(c.model.global_rope_theta) && c.model.global_rope_theta > 1, "model.global-rope-theta",
+          c.model.global_rope_theta, "must be finite and > 1");
+  require(std::isfinite(c.model.local_rope_theta) && c.model.local_rope_theta > 1, "model.local-rope-theta",
+          c.model.local_rope_theta, "must be finite and > 1");
   require(c.model.vocab_size >= 0, "model.vocab-size", c.model.vocab_size, "must be >= 0");
   require(c.model.attention_dropout >= 0 && c.model.attention_dropout < 1, "model.attention-dropout",
           c.model.attention_dropout, "must be in [0, 1)");

@@ -128,7 +128,7 @@ std::vector<double> shard_weights(const DistOptions& dist);
 std::vector<int64_t> island_sizes(const std::string& islands);
 
 struct ModelOptions {
-  std::string name = "cnn";   // mlp | cnn | bert
+  std::string name = "cnn";   // mlp | cnn | bert | modernbert
   int64_t hidden = 256;
   double dropout = 0.1;       // bert: hidden dropout
   // bert only
@@ -139,6 +139,11 @@ struct ModelOptions {
   int64_t type_vocab = 2;
   int64_t vocab_size = 0;     // 0: the data's vocabulary (manifest.json or vocab.txt)
   double attention_dropout = 0.1;
+  // modernbert only
+  int64_t local_attention = 128;       // the sliding window's width (tokens see +- half of it)
+  int64_t global_every = 3;            // layer i has global attention when i % global_every == 0
+  double global_rope_theta = 160000.0; // rotary base of the global layers
+  double local_rope_theta = 10000.0;   // rotary base of the sliding-window layers
   DropoutRng dropout_rng = DropoutRng::kSample;  // masks per sample, or from each rank's generator
   std::string init;           // start from these weights: a model.safetensors, an
                               // export dir, a checkpoint dir or a run dir

@@ -329,6 +329,25 @@ BertBatch BertBatch::from(const Example& b) {
   return out;
 }
 
+std::pair<torch::Tensor, torch::Tensor> masked_states(const BertBatch& batch, const torch::Tensor& hidden) {
+  const auto rows = hidden.size(0), width = hidden.size(1), h = hidden.size(2);
+  auto flat = hidden.reshape({rows * width, h});
+  // Only the M real predictions, picked from the flat rows.
+  const bool from_host = batch.masked_index.defined();  // the host found and checked the positions
+  auto keep = from_host ? batch.masked_index : batch.masked_ids.reshape({-1}).ge(0).nonzero().squeeze(1);
+  auto at = batch.packed() ? batch.masked_positions
+                           : batch.masked_positions.clamp_min(0) +
+                                 torch::arange(rows, batch.masked_positions.options()).unsqueeze(1) * width;
+  auto picked_at = at.reshape({-1}).index_select(0, keep);
+  if (!from_host && picked_at.numel() > 0) {  // a position outside its row would read another row's token
+    auto within = batch.packed() ? picked_at : batch.masked_positions.reshape({-1}).index_select(0, keep);
+    const auto last = static_cast<int64_t>(host_value(within.max()));
+    COHORT_CHECK(last < (batch.packed() ? rows * width : width), DataError, "a masked position lies outside its row: ",
+                 last, " of ", batch.packed() ? rows * width : width);
+  }
+  return {flat.index_select(0, picked_at), batch.masked_ids.reshape({-1}).index_select(0, keep)};
+}
+
 BertOutputs BertForPretrainingImpl::forward(const BertBatch& batch) {
   COHORT_CHECK(batch.input_ids.size(1) <= cfg_.max_positions, DataError, "a batch has sequences of length ",
                batch.input_ids.size(1), " but model.max-positions is ", cfg_.max_positions);
@@ -345,21 +364,8 @@ BertOutputs BertForPretrainingImpl::forward(const BertBatch& batch) {
     auto pooled = torch::tanh(bert->pooler->dense(first));
     out.nsp_logits = cls->seq_relationship(pooled);
   }
-  // MLM only at the M real predictions, picked from the flat rows.
-  const bool from_host = batch.masked_index.defined();  // the host found and checked the positions
-  auto keep = from_host ? batch.masked_index : batch.masked_ids.reshape({-1}).ge(0).nonzero().squeeze(1);
-  auto at = batch.packed() ? batch.masked_positions
-                           : batch.masked_positions.clamp_min(0) +
-                                 torch::arange(rows, batch.masked_positions.options()).unsqueeze(1) * width;
-  auto picked_at = at.reshape({-1}).index_select(0, keep);
-  if (!from_host && picked_at.numel() > 0) {  // a position outside its row would read another row's token
-    auto within = batch.packed() ? picked_at : batch.masked_positions.reshape({-1}).index_select(0, keep);
-    const auto last = static_cast<int64_t>(host_value(within.max()));
-    COHORT_CHECK(last < (batch.packed() ? rows * width : width), DataError, "a masked position lies outside its row: ",
-                 last, " of ", batch.packed() ? rows * width : width);
-  }
-  auto picked = flat.index_select(0, picked_at);
-  out.mlm_labels = batch.masked_ids.reshape({-1}).index_select(0, keep);
+  auto [picked, labels] = masked_states(batch, hidden);
+  out.mlm_labels = labels;
   auto t = cls->predictions->transform(picked);
   const auto& decoder = bert->embeddings->word_embeddings->weight;  // tied
   out.mlm_logits = torch::nn::functional::linear(t, decoder, cls->predictions->bias);

@@ -1,4 +1,5 @@
-// defines: BertConfig, BertBatch, BertOutputs, BertForPretraining, BertForClassification
+// defines: BertConfig, BertBatch, BertOutputs, PretrainingModel, ClassificationModel,
+//          BertForPretraining, BertForClassification
 //
 // A BERT encoder with the pretraining heads (masked LM and next sentence).
 // Parameters carry Hugging Face's names (bert.embeddings.word_embeddings.weight,
@@ -13,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "cohort/data/dataset.hpp"
 
@@ -70,10 +72,34 @@ struct BertOutputs {
   torch::Tensor nsp_logits;  // [B,2]; undefined without the NSP head
 };
 
-class BertForPretrainingImpl : public torch::nn::Module {
+// The final hidden states [M,H] at a batch's M real masked positions
+// (row-major over [B,P]; packed positions are flat over the [R,L] rows),
+// picked from `hidden` [R,L,H], and their labels [M].
+std::pair<torch::Tensor, torch::Tensor> masked_states(const BertBatch& batch, const torch::Tensor& hidden);
+
+// What bert-pretrain trains (model.name bert or modernbert): an encoder
+// with a masked-LM head, and an NSP head where the model has one.
+class PretrainingModel : public torch::nn::Module {
+ public:
+  virtual BertOutputs forward(const BertBatch& batch) = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t max_positions() const = 0;
+};
+
+// What bert-classify trains: logits [B, classes] of padded rows.
+class ClassificationModel : public torch::nn::Module {
+ public:
+  virtual torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& segment_ids,
+                                const torch::Tensor& input_mask) = 0;
+  virtual int64_t max_positions() const = 0;
+};
+
+class BertForPretrainingImpl : public PretrainingModel {
  public:
   explicit BertForPretrainingImpl(const BertConfig& cfg);
-  BertOutputs forward(const BertBatch& batch);
+  BertOutputs forward(const BertBatch& batch) override;
+  int64_t vocab_size() const override { return cfg_.vocab_size; }
+  int64_t max_positions() const override { return cfg_.max_positions; }
   // The encoder's last hidden states [B,L,H] (no heads). Packed rows give
   // position_ids and seq_ids (attention stays within an instance).
   torch::Tensor encode(const torch::Tensor& input_ids, const torch::Tensor& segment_ids,
@@ -96,12 +122,13 @@ TORCH_MODULE(BertForPretraining);
 // tanh), dropout and a linear classifier. Names: bert.* as above,
 // classifier.weight, classifier.bias; so a pretraining checkpoint's bert.*
 // initialises it and its cls.* heads are left out.
-class BertForClassificationImpl : public torch::nn::Module {
+class BertForClassificationImpl : public ClassificationModel {
  public:
   BertForClassificationImpl(const BertConfig& cfg, int64_t classes);
   // Logits [B, classes].
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& segment_ids,
-                        const torch::Tensor& input_mask);
+                        const torch::Tensor& input_mask) override;
+  int64_t max_positions() const override { return cfg_.max_positions; }
   const BertConfig& config() const { return cfg_; }
 
  private:

@@ -1,4 +1,4 @@
-// defines: kTokenizerDir, hf_tokenizer_files
+// defines: kTokenizerDir, hf_tokenizer_files, hf_wordpiece_json
 //
 // The files Hugging Face's AutoTokenizer loads a BERT WordPiece tokenizer
 // from: vocab.txt, tokenizer_config.json (do_lower_case as the vocabulary
@@ -22,5 +22,10 @@ inline constexpr const char* kTokenizerDir = "tokenizer";
 // do_lower_case with strip_accents left to follow it.
 std::vector<std::pair<std::string, std::string>> hf_tokenizer_files(const std::string& vocab_text, bool lowercase,
                                                                      int64_t model_max_length);
+
+// The same WordPiece tokenizer as `tokenizers` serialises it (tokenizer.json:
+// BertNormalizer, BertPreTokenizer, WordPiece, [CLS] A [SEP] and [CLS] A
+// [SEP] B [SEP]), for classes whose AutoTokenizer needs that file (ModernBERT's).
+std::string hf_wordpiece_json(const std::string& vocab_text, bool lowercase);
 
 }  // namespace cohort::text

@@ -17,6 +17,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "cohort/ckpt/export.hpp"
 #include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/files.hpp"
@@ -25,6 +26,7 @@
 #include "cohort/data/masking.hpp"
 #include "cohort/distributed/world.hpp"
 #include "cohort/model/bert.hpp"
+#include "cohort/model/modernbert.hpp"
 #include "cohort/text/hf_tokenizer.hpp"
 #include "cohort/text/wordpiece.hpp"
 #include "cohort/train/tasks/registry.hpp"
@@ -107,26 +109,41 @@ class BertPretrainTask : public Task {
         shard_opts_(options(cfg, vocab_path_)),
         train_(std::make_shared<BertShards>(cfg.data.path, "train", shard_opts_)), device_(world.device) {
     int64_t data_vocab = data_vocab_size(dir_);
-    BertConfig bc = BertConfig::from(cfg.model, data_vocab);
-    bc.next_sentence = nsp_;
-    check_against_data(bc, data_vocab);
-    max_positions_ = bc.max_positions;
+    if (cfg.model.name == "modernbert") {
+      COHORT_CHECK(!nsp_, ConfigError, "model.name modernbert has no next-sentence head: set task.nsp false "
+                   "(ModernBERT's recipe is masked LM only, on full-sentence rows: cohort prepare --nsp false)");
+      ModernBertConfig mc = modernbert_config(cfg.model, data_vocab);
+      if (!vocab_path_.empty()) {  // the special tokens config.json names, from the shards' vocabulary
+        auto vocab = text::Vocab::load(vocab_path_);
+        for (auto [token, id] : {std::pair<const char*, int64_t*>{"[PAD]", &mc.pad_id}, {"[CLS]", &mc.cls_id},
+                                 {"[SEP]", &mc.sep_id}, {"[MASK]", &mc.mask_id}})
+          if (vocab.find(token) >= 0) *id = vocab.find(token);
+      }
+      hf_config_ = mc.to_hf("ModernBertForMaskedLM").dump(2) + "\n";
+      model_ = ModernBertForMaskedLM(mc).ptr();
+    } else {
+      BertConfig bc = BertConfig::from(cfg.model, data_vocab);
+      bc.next_sentence = nsp_;
+      model_ = BertForPretraining(bc).ptr();
+    }
+    check_against_data(data_vocab);
     // The data's case, kept with its vocabulary in the run for `cohort export`.
     auto manifest = read_manifest(dir_);
     lowercase_ = manifest && manifest->lowercase ? *manifest->lowercase : cfg.data.lowercase;
-    model_ = BertForPretraining(bc);
     model_->to(device_);
   }
 
-  std::shared_ptr<torch::nn::Module> module() override { return model_.ptr(); }
+  std::shared_ptr<torch::nn::Module> module() override { return model_; }
   const Dataset& train_set() const override { return *train_; }
   std::string unit_name() const override { return "tokens"; }
   size_t loss_terms() const override { return nsp_ ? 2 : 1; }
   bool units_may_be_zero() const override { return shard_opts_.masking != nullptr; }
   // task.nsp switches between BertForPreTraining's heads and BertForMaskedLM's:
   // model.init may cross it.
+  // A ModernBERT file may hold the decoder's weight, tied to the embeddings.
   bool init_may_skip(const std::string& name) const override {
-    return name.rfind("bert.pooler.", 0) == 0 || name.rfind("cls.seq_relationship.", 0) == 0;
+    return name.rfind("bert.pooler.", 0) == 0 || name.rfind("cls.seq_relationship.", 0) == 0 ||
+           name == "decoder.weight";
   }
   std::string count_metric() const override { return nsp_ ? "nsp_loss" : "sequences"; }
   std::vector<std::string> metric_names() const override {
@@ -136,8 +153,9 @@ class BertPretrainTask : public Task {
 
   std::vector<std::pair<std::string, std::string>> run_files() const override {
     std::vector<std::pair<std::string, std::string>> files;
+    if (!hf_config_.empty()) files.emplace_back(kHfConfigFile, hf_config_);  // ModernBERT's architecture
     if (vocab_path_.empty()) return files;
-    for (auto& [name, text] : text::hf_tokenizer_files(read_file(vocab_path_), lowercase_, max_positions_))
+    for (auto& [name, text] : text::hf_tokenizer_files(read_file(vocab_path_), lowercase_, model_->max_positions()))
       files.emplace_back((std::filesystem::path(text::kTokenizerDir) / name).string(), std::move(text));
     return files;
   }
@@ -161,7 +179,7 @@ class BertPretrainTask : public Task {
   // while it is on the host.
   void add_host_inputs(Example& b) const override {
     const auto& ids = b.at("input_ids");
-    const int64_t vocab = model_->config().vocab_size;
+    const int64_t vocab = model_->vocab_size();
     const int64_t top = ids.numel() == 0 ? 0 : ids.max().item<int64_t>();
     COHORT_CHECK(top < vocab, DataError, "a batch of ", dir_, " has token id ", top,
                  " but the model's vocabulary is ", vocab, " (model.vocab-size)");
@@ -252,7 +270,10 @@ class BertPretrainTask : public Task {
   }
 
   // A config that cannot fit its data fails here, before any step.
-  void check_against_data(const BertConfig& bc, int64_t data_vocab) const {
+  void check_against_data(int64_t data_vocab) const {
+    const struct {
+      int64_t vocab_size, max_positions;
+    } bc{model_->vocab_size(), model_->max_positions()};
     const auto& info = train_->info();
     COHORT_CHECK(info.masked || shard_opts_.masking, ConfigError, "the shards under ", dir_,
                  " carry no masks (cohort prepare --masking none): set task.masking dynamic");
@@ -288,17 +309,18 @@ class BertPretrainTask : public Task {
   std::string vocab_path_;  // "": none known
   bool nsp_ = true;
   bool lowercase_ = true;
-  int64_t max_positions_ = 512;
+  std::string hf_config_;  // model.name modernbert: Hugging Face's config.json, kept in the run for export
   BertShardsOptions shard_opts_;
   std::shared_ptr<BertShards> train_;
   c10::Device device_;
-  BertForPretraining model_{nullptr};
+  std::shared_ptr<PretrainingModel> model_;
 };
 
 }  // namespace
 
 std::unique_ptr<Task> make_bert_pretrain_task(const Config& cfg, const World& world) {
-  COHORT_CHECK(cfg.model.name == "bert", ConfigError, "train.task bert-pretrain needs model.name bert (got '",
+  COHORT_CHECK(cfg.model.name == "bert" || cfg.model.name == "modernbert", ConfigError,
+               "train.task bert-pretrain needs model.name bert or modernbert (got '",
                cfg.model.name, "')");
   return std::make_unique<BertPretrainTask>(cfg, world);
 }
