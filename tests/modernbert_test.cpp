@@ -3,6 +3,7 @@
 // same loss curve packed or not and on any world size with dropout on, exact
 // resume, and the configuration's refusals. Its logits against
 // transformers' are oracle.hf_modernbert's.
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -144,6 +145,44 @@ TEST(ModernBert, PackedRowsGiveTheLossAndGradientsOfTheirRowsApart) {
   EXPECT_GT(std::abs(eval_loss(leaky) - eval_loss(batch)), 1e-3);
 }
 
+// train.activation-checkpointing: each layer runs again in backward, with
+// the forward's dropout masks (packed rows too) and autocast, and the
+// gradients are the ones kept activations give, bit for bit in fp32.
+TEST(ModernBert, ActivationCheckpointingGivesTheSameGradients) {
+  cohort::BertShards data(tiny_data(), "train");
+  auto packed = cohort::pack_bert_rows(data.get_batch(first(24)), data.info().seq_len);
+  auto c = tiny(0.1);
+  c.init_range = 0.2;
+  torch::manual_seed(3);
+  cohort::ModernBertForMaskedLM kept(c);
+  c.checkpoint_layers = true;
+  cohort::ModernBertForMaskedLM recomputed(c);
+  {
+    torch::NoGradGuard no_grad;
+    auto from = kept->parameters(), to = recomputed->parameters();
+    for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+  }
+  kept->train();
+  recomputed->train();
+  std::vector<torch::Tensor> ga, gb;
+  auto a = loss_and_grads(kept, packed, ga), b = loss_and_grads(recomputed, packed, gb);
+  EXPECT_EQ(a.item<double>(), b.item<double>());
+  auto names = kept->named_parameters().keys();
+  for (size_t i = 0; i < ga.size(); ++i) EXPECT_TRUE(ga[i].equal(gb[i])) << names[i];
+  // Under bf16 autocast the recomputation runs in bf16 as the forward did.
+  {
+    at::autocast::set_autocast_enabled(c10::DeviceType::CPU, true);
+    at::autocast::set_autocast_dtype(c10::DeviceType::CPU, torch::kBFloat16);
+    a = loss_and_grads(kept, packed, ga);
+    b = loss_and_grads(recomputed, packed, gb);
+    at::autocast::set_autocast_enabled(c10::DeviceType::CPU, false);
+    at::autocast::clear_cache();
+  }
+  EXPECT_EQ(a.item<double>(), b.item<double>());
+  for (size_t i = 0; i < ga.size(); ++i)
+    EXPECT_LE(max_abs(ga[i] - gb[i]), 1e-6 * std::max(1.0, max_abs(ga[i]))) << names[i];
+}
+
 // The sliding window acts: a token's change reaches a query beyond the
 // window only through a global layer.
 TEST(ModernBert, SlidingLayersSeeOnlyTheirWindow) {
@@ -224,13 +263,15 @@ const std::string kTrain =
 
 }  // namespace
 
-// With dropout on: the same loss curve packed or not, on 1 or 2 ranks.
+// With dropout on: the same loss curve packed or not, on 1 or 2 ranks, and
+// with activation checkpointing.
 TEST(ModernBert, TrainsTheSameCurvePackedAndOnAnyWorldSize) {
   TempDir tmp;
   const std::string args = kTrain + tiny_data() + " --train.max-steps 6";
   auto plain = run_cohort(args + " --out " + (tmp / "plain"));
   auto packed = run_cohort(args + " --data.pack --out " + (tmp / "packed"));
-  auto packed2 = run_cohort(args + " --data.pack --nproc-per-node 2 --oversubscribe --out " + (tmp / "packed2"));
+  auto packed2 = run_cohort(args + " --data.pack --nproc-per-node 2 --oversubscribe --train.activation-checkpointing "
+                            "--out " + (tmp / "packed2"));
   ASSERT_EQ(plain.code, 0) << plain.err;
   ASSERT_EQ(packed.code, 0) << packed.err;
   ASSERT_EQ(packed2.code, 0) << packed2.err;

@@ -23,6 +23,13 @@
 //       masked_lm_positions, masked_lm_ids
 //   cohort_oracle_tool gcide-lines GCIDE.dict.dz OUT.txt
 //       every sentence `cohort prepare` reads from GCIDE, one per line
+//   cohort_oracle_tool bpe TOKENIZER.json TEXTS.jsonl OUT.txt
+//       each text's byte-level BPE ids (text/bpe.hpp, with the special
+//       tokens), space-separated, one line per text; TEXTS.jsonl holds one
+//       JSON string per line, so that a text may hold any character
+//   cohort_oracle_tool bpe-train LINES.txt VOCAB_SIZE OUT.json
+//       a byte-level BPE of VOCAB_SIZE tokens trained on the lines, as
+//       `cohort prepare --tokenizer bpe` trains one: its tokenizer.json
 //   cohort_oracle_tool wordpiece VOCAB uncased|cased LINES.txt OUT.txt
 //       each line's WordPiece ids, space-separated, one line per input line
 #include <filesystem>
@@ -37,6 +44,7 @@
 #include "cohort/model/bert.hpp"
 #include "cohort/model/modernbert.hpp"
 #include "cohort/prep/prepare.hpp"
+#include "cohort/text/bpe.hpp"
 #include "cohort/text/wordpiece.hpp"
 
 namespace fs = std::filesystem;
@@ -168,6 +176,35 @@ int wordpiece(const std::string& vocab, const std::string& casing, const std::st
   return 0;
 }
 
+int bpe(const std::string& tokenizer, const std::string& texts, const std::string& out) {
+  auto bpe = text::ByteLevelBpe::load(tokenizer);
+  std::ifstream in(texts);
+  COHORT_CHECK(in, DataError, "cannot read ", texts);
+  std::ofstream o(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto ids = bpe.encode(nlohmann::json::parse(line).get<std::string>());
+    for (size_t i = 0; i < ids.size(); ++i) o << (i ? " " : "") << ids[i];
+    o << '\n';
+  }
+  COHORT_CHECK(o, Error, "cannot write ", out);
+  return 0;
+}
+
+int bpe_train(const std::string& lines, int32_t vocab_size, const std::string& out) {
+  text::BpeTrainOptions opts;
+  opts.vocab_size = vocab_size;
+  auto bpe = text::ByteLevelBpe::train(
+      [&](const std::function<void(std::string_view)>& sink) {
+        std::ifstream in(lines);
+        COHORT_CHECK(in, DataError, "cannot read ", lines);
+        for (std::string line; std::getline(in, line);) sink(line);
+      },
+      opts);
+  std::ofstream(out) << bpe.to_json();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -179,6 +216,8 @@ int main(int argc, char** argv) {
     if (a.size() == 8 && a[0] == "mask-draws")
       return mask_draws(a[1], a[2], std::stoll(a[3]), std::stod(a[4]), a[5] == "1", std::stoll(a[6]), a[7]);
     if (a.size() == 3 && a[0] == "gcide-lines") return gcide_lines(a[1], a[2]);
+    if (a.size() == 4 && a[0] == "bpe") return bpe(a[1], a[2], a[3]);
+    if (a.size() == 4 && a[0] == "bpe-train") return bpe_train(a[1], static_cast<int32_t>(std::stoll(a[2])), a[3]);
     if (a.size() == 5 && a[0] == "wordpiece") return wordpiece(a[1], a[2], a[3], a[4]);
   } catch (const std::exception& e) {
     std::cerr << "cohort_oracle_tool: error: " << e.what() << "\n";

@@ -201,6 +201,9 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("train.threads", c.train.threads, "intra-op threads per rank; 0 = free cores / local ranks", node, "--threads");
   bind("train.early-stop-patience", c.train.early_stop_patience, "stop after N evaluations in a row without a "
        "better ckpt.best-metric (the best checkpoint is kept); 0 = off");
+  bind("train.activation-checkpointing", c.train.activation_checkpointing, "modernbert: keep only each layer's "
+       "input while training and run the layer again in backward: less memory for longer sequences, about a third "
+       "more compute; the same result", node);
   bind("train.precision", c.train.precision, "autocast dtype; master weights stay fp32. auto = bf16 on a CPU with AMX, else fp32; fp16 (loss-scaled) on CUDA (on a CPU it runs, slower than bf16)");
 
   bind("data.path", c.data.path, "dataset directory (may differ between nodes)", node);
@@ -912,6 +915,9 @@ const std::vector<InertRule>& inert_rules() {
       {"model.local-rope-theta", [](const Config& c) { return c.model.name != "modernbert" && c.model.local_rope_theta != model.local_rope_theta; },
        [](Config& c) { c.model.local_rope_theta = model.local_rope_theta; },
        [](const Config& c) { return detail::cat(c.model.local_rope_theta); }, not_modern},
+      {"train.activation-checkpointing", [](const Config& c) { return c.model.name != "modernbert" && c.train.activation_checkpointing; },
+       [](Config& c) { c.train.activation_checkpointing = false; },
+       [](const Config&) { return std::string("true"); }, "applies to model.name modernbert (its layers): drop the key"},
       {"model.type-vocab", [](const Config& c) { return c.model.name == "modernbert" && c.model.type_vocab != model.type_vocab; },
        [](Config& c) { c.model.type_vocab = model.type_vocab; },
        [](const Config& c) { return std::to_string(c.model.type_vocab); },
@@ -1110,6 +1116,10 @@ void validate(const Config& c) {
   require(c.model.intermediate >= 0, "model.intermediate", c.model.intermediate, "must be >= 0");
   require(c.model.max_positions >= 2, "model.max-positions", c.model.max_positions, "must be >= 2");
   require(c.model.type_vocab >= 2, "model.type-vocab", c.model.type_vocab, "must be >= 2");
+  require(!c.train.activation_checkpointing || c.model.dropout_rng == DropoutRng::kSample ||
+              (c.model.dropout == 0 && c.model.attention_dropout == 0),
+          "train.activation-checkpointing", "true", "runs each layer again in backward, which must draw the "
+          "forward's dropout masks: set model.dropout-rng sample (masks by sample), or dropout 0");
   require(c.model.local_attention >= 2, "model.local-attention", c.model.local_attention, "must be >= 2");
   require(c.model.global_every >= 1, "model.global-every", c.model.global_every, "must be >= 1");
   require(std::isfinite(c.model.global_rope_theta) && c.model.global_rope_theta > 1, "model.global-rope-theta",

@@ -38,6 +38,7 @@ struct TrainOptions {
   int threads = 0;           // intra-op threads per rank; 0: cores / local ranks
   Precision precision = Precision::kFp32;  // fp16: CUDA only
   int64_t early_stop_patience = 0;  // stop after N evaluations without a better ckpt.best-metric; 0: off
+  bool activation_checkpointing = false;  // modernbert: recompute each layer in backward instead of keeping it
 };
 
 struct DataOptions {

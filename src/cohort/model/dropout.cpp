@@ -52,6 +52,12 @@ DropoutRows::DropoutRows(const DropoutRows& samples, const torch::Tensor& seq_id
   innermost = this;
 }
 
+DropoutRows::DropoutRows(const Saved& saved)
+    : keys_(saved.keys), token_keys_(saved.token_keys), token_positions_(saved.token_positions), rows_(saved.rows),
+      width_(saved.width), outer_(innermost) {
+  innermost = this;
+}
+
 DropoutRows::~DropoutRows() { innermost = outer_; }
 
 const torch::Tensor& DropoutRows::on_device(Table table, const c10::Device& device) const {

@@ -38,6 +38,16 @@ class DropoutRows {
   // the sample samples.keys()[seq_ids[r, t]], or padding where seq_ids < 0.
   // seq_ids and position_ids are [R, L], on any device.
   DropoutRows(const DropoutRows& samples, const torch::Tensor& seq_ids, const torch::Tensor& position_ids);
+  // What a scope holds, to open the same scope again later: activation
+  // checkpointing recomputes a layer in backward, after the forward's scope
+  // has closed, and must draw the same masks.
+  struct Saved {
+    std::vector<uint64_t> keys, token_keys;
+    std::vector<int64_t> token_positions;
+    int64_t rows = 0, width = 0;
+  };
+  Saved save() const { return {keys_, token_keys_, token_positions_, rows_, width_}; }
+  explicit DropoutRows(const Saved& saved);
   ~DropoutRows();
   DropoutRows(const DropoutRows&) = delete;
   DropoutRows& operator=(const DropoutRows&) = delete;

@@ -1,5 +1,7 @@
 #include "cohort/model/modernbert.hpp"
 
+#include <ATen/autocast_mode.h>
+#include <torch/autograd.h>
 #include <torch/nn.h>
 
 #include <cmath>
@@ -382,13 +384,120 @@ struct EmbeddingsImpl : nn::Module {
 };
 TORCH_MODULE(Embeddings);
 
+// Activation checkpointing (train.activation-checkpointing): a layer's
+// forward keeps only its input; backward runs the layer again, with the
+// forward's autocast and dropout masks, and back-propagates through the
+// recomputed graph, whose parameters' gradients accumulate as usual
+// (PyTorch's reentrant torch.utils.checkpoint).
+// What a recomputation must share with its forward, as tensors and numbers
+// that the autograd node keeps (saved_data), made once per forward.
+struct ForwardState {
+  torch::Tensor keys, token_keys, token_positions;  // DropoutRows::Saved; keys undefined: no scope
+  int64_t rows = 0, width = 0;
+  c10::DeviceType device = c10::DeviceType::CPU;
+  bool autocast = false;
+  c10::ScalarType autocast_dtype = torch::kBFloat16;
+
+  static ForwardState capture(const torch::Tensor& x) {
+    ForwardState s;
+    auto tensor = [](const auto& v) {
+      return torch::from_blob(const_cast<void*>(static_cast<const void*>(v.data())),
+                              {static_cast<int64_t>(v.size())}, torch::kInt64)
+          .clone();
+    };
+    if (const auto* current = DropoutRows::current()) {
+      auto saved = current->save();
+      s.keys = tensor(saved.keys);
+      s.token_keys = tensor(saved.token_keys);
+      s.token_positions = tensor(saved.token_positions);
+      s.rows = saved.rows;
+      s.width = saved.width;
+    }
+    s.device = x.device().type();
+    s.autocast = at::autocast::is_autocast_enabled(s.device);
+    s.autocast_dtype = at::autocast::get_autocast_dtype(s.device);
+    return s;
+  }
+  void keep_in(torch::autograd::AutogradContext* ctx) const {
+    ctx->saved_data["keys"] = keys;
+    ctx->saved_data["token_keys"] = token_keys;
+    ctx->saved_data["token_positions"] = token_positions;
+    ctx->saved_data["rows"] = rows;
+    ctx->saved_data["width"] = width;
+    ctx->saved_data["device"] = static_cast<int64_t>(device);
+    ctx->saved_data["autocast"] = autocast;
+    ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(autocast_dtype);
+  }
+  static ForwardState from(torch::autograd::AutogradContext* ctx) {
+    ForwardState s;
+    s.keys = ctx->saved_data["keys"].toTensor();
+    s.token_keys = ctx->saved_data["token_keys"].toTensor();
+    s.token_positions = ctx->saved_data["token_positions"].toTensor();
+    s.rows = ctx->saved_data["rows"].toInt();
+    s.width = ctx->saved_data["width"].toInt();
+    s.device = static_cast<c10::DeviceType>(ctx->saved_data["device"].toInt());
+    s.autocast = ctx->saved_data["autocast"].toBool();
+    s.autocast_dtype = static_cast<c10::ScalarType>(ctx->saved_data["autocast_dtype"].toInt());
+    return s;
+  }
+  // The forward's dropout scope again; nullopt when it had none.
+  std::optional<DropoutRows::Saved> dropout_rows() const {
+    if (!keys.defined()) return std::nullopt;
+    auto vec = [](const torch::Tensor& t, auto* type) {
+      using T = std::remove_pointer_t<decltype(type)>;
+      const auto* p = reinterpret_cast<const T*>(t.data_ptr<int64_t>());
+      return std::vector<T>(p, p + t.numel());
+    };
+    return DropoutRows::Saved{vec(keys, static_cast<uint64_t*>(nullptr)), vec(token_keys, static_cast<uint64_t*>(nullptr)),
+                              vec(token_positions, static_cast<int64_t*>(nullptr)), rows, width};
+  }
+};
+
+struct RecomputedLayer : torch::autograd::Function<RecomputedLayer> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, LayerImpl* layer,
+                               const torch::Tensor& keep, const torch::Tensor& cos, const torch::Tensor& sin,
+                               const ForwardState& state) {
+    ctx->save_for_backward({x, keep, cos, sin});
+    // The module outlives its step's backward.
+    ctx->saved_data["layer"] = reinterpret_cast<int64_t>(layer);
+    state.keep_in(ctx);
+    torch::NoGradGuard no_grad;
+    return layer->forward(x, keep, {cos, sin});
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto* layer = reinterpret_cast<LayerImpl*>(ctx->saved_data["layer"].toInt());
+    const ForwardState state = ForwardState::from(ctx);
+    auto x = saved[0].detach().requires_grad_(true);
+    std::optional<DropoutRows> rows;
+    if (auto same = state.dropout_rows()) rows.emplace(*same);
+    const bool was = at::autocast::is_autocast_enabled(state.device);
+    const auto was_dtype = at::autocast::get_autocast_dtype(state.device);
+    at::autocast::set_autocast_enabled(state.device, state.autocast);
+    at::autocast::set_autocast_dtype(state.device, state.autocast_dtype);
+    torch::Tensor out;
+    {
+      torch::AutoGradMode grad(true);
+      out = layer->forward(x, saved[1], {saved[2], saved[3]});
+    }
+    at::autocast::set_autocast_enabled(state.device, was);
+    at::autocast::set_autocast_dtype(state.device, was_dtype);
+    if (!was) at::autocast::clear_cache();
+    torch::autograd::backward({out}, {grads[0]});
+    return {x.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 // Hugging Face's ModernBertModel.
 struct EncoderImpl : nn::Module {
   explicit EncoderImpl(const ModernBertConfig& c)
       : embeddings(register_module("embeddings", Embeddings(c))),
         layers(register_module("layers", nn::ModuleList())),
         final_norm(register_module("final_norm", Norm(c.hidden, c.norm_eps, c.norm_bias))),
-        half_window(c.local_attention / 2) {
+        half_window(c.local_attention / 2),
+        checkpoint(c.checkpoint_layers) {
     for (int64_t i = 0; i < c.layers; ++i) layers->push_back(Layer(c, i));
     const auto d = c.hidden / c.heads;
     auto exponent = torch::arange(0, d, 2, torch::kFloat32) / static_cast<double>(d);
@@ -408,9 +517,14 @@ struct EncoderImpl : nn::Module {
     Masks masks = attention_masks(input_mask, positions, seq_ids, half_window);
     auto global_cs = rotary(global_inv_freq, positions), local_cs = rotary(local_inv_freq, positions);
     auto x = embeddings(ids);
+    const bool recompute = checkpoint && is_training() && torch::GradMode::is_enabled();
+    const ForwardState state = recompute ? ForwardState::capture(x) : ForwardState{};
     for (const auto& m : *layers) {
       auto* layer = m->as<LayerImpl>();
-      x = layer->global ? layer->forward(x, masks.full, global_cs) : layer->forward(x, masks.sliding, local_cs);
+      const auto& keep = layer->global ? masks.full : masks.sliding;
+      const auto& cs = layer->global ? global_cs : local_cs;
+      x = recompute ? RecomputedLayer::apply(x, layer, keep, cs.first, cs.second, state)
+                    : layer->forward(x, keep, cs);
     }
     return final_norm(x);
   }
@@ -419,6 +533,7 @@ struct EncoderImpl : nn::Module {
   nn::ModuleList layers;
   Norm final_norm;
   int64_t half_window;
+  bool checkpoint;
   torch::Tensor global_inv_freq, local_inv_freq;  // not parameters: Hugging Face keeps them out of the file
 };
 TORCH_MODULE(Encoder);

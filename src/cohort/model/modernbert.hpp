@@ -51,6 +51,9 @@ struct ModernBertConfig {
   double embedding_dropout = 0.0, attention_dropout = 0.0, mlp_dropout = 0.0, classifier_dropout = 0.0;
   double init_range = 0.02, init_cutoff = 2.0;
   int64_t pad_id = 0, cls_id = 2, sep_id = 3, mask_id = 4;  // written to config.json; pad_id has no gradient
+  // train.activation-checkpointing: each layer keeps only its input while
+  // training and runs again in backward (not a Hugging Face field).
+  bool checkpoint_layers = false;
 
   // From the model.* keys (a vocab size of 0 there: `data_vocab_size`):
   // layer i is global when i % model.global-every == 0, as Hugging Face's

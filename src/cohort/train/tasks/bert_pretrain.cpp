@@ -113,6 +113,7 @@ class BertPretrainTask : public Task {
       COHORT_CHECK(!nsp_, ConfigError, "model.name modernbert has no next-sentence head: set task.nsp false "
                    "(ModernBERT's recipe is masked LM only, on full-sentence rows: cohort prepare --nsp false)");
       ModernBertConfig mc = modernbert_config(cfg.model, data_vocab);
+      mc.checkpoint_layers = cfg.train.activation_checkpointing;
       if (!vocab_path_.empty()) {  // the special tokens config.json names, from the shards' vocabulary
         auto vocab = text::Vocab::load(vocab_path_);
         for (auto [token, id] : {std::pair<const char*, int64_t*>{"[PAD]", &mc.pad_id}, {"[CLS]", &mc.cls_id},
