@@ -12,7 +12,7 @@
 //       model.safetensors, as save_pretrained or `cohort export` writes it)
 //       into ModernBertForMaskedLM, runs the first ROWS rows of DATA_DIR's
 //       SPLIT in eval mode (fp32), padded and packed (data.pack's packing,
-//       rows twice as long),
+//       rows twice as long when model's max positions allow),
 //       and writes the batch, the logits at every position (all_logits) and
 //       the MLM logits at the masked positions, padded and packed
 //   cohort_oracle_tool mask-draws DATA_DIR SPLIT ROWS PROB WHOLE_WORD EPOCH OUT.safetensors
@@ -103,8 +103,10 @@ int modernbert_logits(const std::string& model_dir, const std::string& data_dir,
   std::vector<int64_t> ids(static_cast<size_t>(std::min(rows, data.size())));
   std::iota(ids.begin(), ids.end(), 0);
   Example b = data.get_batch(ids);
-  // Rows twice as long: two sequences share a row, and positions restart.
-  Example packed = pack_bert_rows(b, 2 * b.at("input_ids").size(1));
+  // Rows twice as long where the model takes them: two sequences share a
+  // row, and positions restart.
+  const int64_t width = b.at("input_ids").size(1);
+  Example packed = pack_bert_rows(b, 2 * width <= c.max_positions ? 2 * width : width);
   torch::NoGradGuard no_grad;
   auto padded_out = model->forward(BertBatch::from(b));
   auto packed_out = model->forward(BertBatch::from(packed));

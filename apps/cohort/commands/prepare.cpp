@@ -16,7 +16,13 @@ class Prepare : public Command {
                     "GCIDE dictionary (.dict or .dict.dz, e.g. /usr/share/dictd/gcide.dict.dz); repeatable")
         ->required();
     sub->add_option("--out", o_.out, "output directory: vocab.txt, manifest.json, train/ valid/ test/")->required();
-    sub->add_option("--vocab", o_.vocab, "use this vocab.txt instead of building one from the training split");
+    sub->add_option("--tokenizer", o_.tokenizer,
+                    "wordpiece: BERT's (vocab.txt); bpe: byte-level BPE, ModernBERT's and RoBERTa's (tokenizer.json, "
+                    "which Hugging Face's tokenizers loads; vocab.txt lists its tokens)")
+        ->check(CLI::IsMember({"wordpiece", "bpe"}))
+        ->capture_default_str();
+    sub->add_option("--vocab", o_.vocab, "use this vocab.txt (--tokenizer bpe: tokenizer.json) instead of building "
+                    "one from the training split");
     sub->add_option("--vocab-size", o_.vocab_size, "tokens in the vocabulary built (without --vocab)")
         ->capture_default_str();
     sub->add_flag("--cased", cased_, "keep case and accents (default: lowercase and strip accents)");

@@ -69,6 +69,13 @@ nlohmann::json bert_config(const ExportSource& s, const std::string& architectur
 // names, said so; else a note that the export has none.
 void write_tokenizer(const ExportSource& s, const std::string& out_dir, int64_t max_len, ExportResult& result) {
   const fs::path kept = fs::path(s.run_dir) / text::kTokenizerDir;
+  if (!s.run_dir.empty() && fs::exists(kept / "tokenizer.json")) {  // byte-level BPE
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
+      COHORT_CHECK(fs::exists(kept / name), DataError, (kept / name).string(), ": missing (the run's tokenizer is incomplete)");
+      write_text(out_dir, name, read_file((kept / name).string()), result);
+    }
+    return;
+  }
   if (!s.run_dir.empty() && fs::exists(kept / "vocab.txt")) {
     for (const char* name : {"vocab.txt", "tokenizer_config.json", "special_tokens_map.json"}) {
       COHORT_CHECK(fs::exists(kept / name), DataError, (kept / name).string(), ": missing (the run's tokenizer is incomplete)");
@@ -128,7 +135,7 @@ void export_bert_pretrain(const ExportSource& s, const std::string& out_dir, Exp
     write_tokenizer(s, out_dir, config.value("max_position_embeddings", int64_t{8192}), result);
     // AutoTokenizer builds a ModernBERT's tokenizer from tokenizer.json alone.
     const fs::path vocab = fs::path(out_dir) / "vocab.txt";
-    if (fs::exists(vocab)) {
+    if (fs::exists(vocab) && !fs::exists(fs::path(out_dir) / "tokenizer.json")) {
       auto tc = nlohmann::json::parse(read_file((fs::path(out_dir) / "tokenizer_config.json").string()));
       write_text(out_dir, "tokenizer.json",
                  text::hf_wordpiece_json(read_file(vocab.string()), tc.value("do_lower_case", true)), result);

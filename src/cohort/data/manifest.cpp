@@ -38,6 +38,7 @@ void write_manifest(const std::string& dir, const ManifestRecord& m) {
       {"vocab", "vocab.txt"},
       {"vocab_size", m.vocab_size},
       {"vocab_source", m.vocab_source},
+      {"tokenizer", m.tokenizer},
       {"lowercase", m.lowercase},
       {"max_seq_length", m.max_seq_length},
       {"max_predictions", m.max_predictions},
@@ -90,6 +91,12 @@ std::optional<DataManifest> read_manifest(const std::string& dir) {
     COHORT_CHECK(j["lowercase"].is_boolean(), DataError, path, ": 'lowercase' must be true or false, got ",
                  j["lowercase"].dump());
     m.lowercase = j["lowercase"].get<bool>();
+  }
+  if (j.contains("tokenizer")) {
+    const auto& v = j["tokenizer"];
+    COHORT_CHECK(v.is_string() && (v == "wordpiece" || v == "bpe"), DataError, path,
+                 ": 'tokenizer' must be \"wordpiece\" or \"bpe\", got ", v.dump());
+    m.tokenizer = v.get<std::string>();
   }
   if (j.contains("masking")) {
     const auto& v = j["masking"];

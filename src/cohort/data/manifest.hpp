@@ -20,6 +20,7 @@ struct DataManifest {
   std::optional<bool> lowercase;  // the vocabulary's case; nullopt: not recorded
   bool masked = true;              // "masking": "none" (prepare --masking none): rows carry no targets
   bool next_sentence = true;       // "nsp": false (prepare --nsp false): full-sentence rows, no pairs
+  std::string tokenizer = "wordpiece";  // "bpe" (prepare --tokenizer bpe): tokenizer.json beside vocab.txt
 };
 
 // What `cohort prepare` made and from what: written whole, read back in
@@ -40,7 +41,8 @@ struct ManifestRecord {
     int64_t text_tokens = 0;  // WordPiece tokens of the split's documents
   };
   int64_t vocab_size = 0;
-  std::string vocab_source;  // "built", or the vocab.txt given
+  std::string vocab_source;  // "built", or the vocab.txt (tokenizer.json) given
+  std::string tokenizer = "wordpiece";  // wordpiece | bpe (OUT/tokenizer.json beside vocab.txt)
   bool lowercase = true;
   int64_t max_seq_length = 0;
   int64_t max_predictions = 0;

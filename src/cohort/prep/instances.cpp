@@ -107,7 +107,8 @@ std::vector<int8_t> assign_splits(size_t n, double valid_fraction, double test_f
   return split;
 }
 
-std::vector<TokenDocument> tokenize_documents(const std::vector<Document>& docs, const WordPiece& wp, int threads,
+std::vector<TokenDocument> tokenize_documents(const std::vector<Document>& docs, const SentenceEncoder& encode,
+                                              int threads,
                                               std::atomic<int64_t>* done, std::atomic<int64_t>* bytes,
                                               const std::function<void()>& tick) {
   std::vector<TokenDocument> out(docs.size());
@@ -120,7 +121,7 @@ std::vector<TokenDocument> tokenize_documents(const std::vector<Document>& docs,
         int64_t text_bytes = 0;
         for (const std::string& sentence : doc) {
           text_bytes += static_cast<int64_t>(sentence.size());
-          std::vector<int32_t> ids = wp.encode(sentence);
+          std::vector<int32_t> ids = encode(sentence);
           if (!ids.empty()) td.push_back(std::move(ids));
         }
         out[static_cast<size_t>(i)] = std::move(td);

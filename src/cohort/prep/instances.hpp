@@ -64,11 +64,16 @@ std::vector<int8_t> assign_splits(size_t n, double valid_fraction, double test_f
 // A document as token ids: one segment per sentence, none empty.
 using TokenDocument = std::vector<std::vector<int32_t>>;
 
-// Encodes each document's sentences with `wp`, dropping sentences with no
+// A sentence's token ids, without special tokens (WordPiece's or byte-level
+// BPE's encode); called from several threads at once.
+using SentenceEncoder = std::function<std::vector<int32_t>(const std::string& sentence)>;
+
+// Encodes each document's sentences with `encode`, dropping sentences with no
 // tokens (a document may end up empty). Parallel; the result is in input
 // order. `done`, when given, counts finished documents and `bytes` their
 // text bytes, for progress lines.
-std::vector<TokenDocument> tokenize_documents(const std::vector<Document>& docs, const WordPiece& wp, int threads,
+std::vector<TokenDocument> tokenize_documents(const std::vector<Document>& docs, const SentenceEncoder& encode,
+                                              int threads,
                                               std::atomic<int64_t>* done = nullptr,
                                               std::atomic<int64_t>* bytes = nullptr,
                                               const std::function<void()>& tick = {});

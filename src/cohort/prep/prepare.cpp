@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <system_error>
 
 #include "cohort/core/error.hpp"
@@ -12,6 +13,7 @@
 #include "cohort/data/bert_rows.hpp"
 #include "cohort/data/manifest.hpp"
 #include "cohort/prep/instances.hpp"
+#include "cohort/text/bpe.hpp"
 #include "cohort/text/wordpiece.hpp"
 
 namespace cohort::prep {
@@ -29,7 +31,16 @@ constexpr const char* kSplitNames[3] = {"train", "valid", "test"};
 void validate(const PrepareOptions& o) {
   COHORT_CHECK(!o.inputs.empty(), UsageError, "--input is required: a text file or the GCIDE .dict(.dz)");
   COHORT_CHECK(!o.out.empty(), UsageError, "--out is required: the output directory");
-  if (o.vocab.empty()) {
+  COHORT_CHECK(o.tokenizer == "wordpiece" || o.tokenizer == "bpe", UsageError,
+               "--tokenizer must be wordpiece or bpe, got ", o.tokenizer);
+  if (o.tokenizer == "bpe") {
+    COHORT_CHECK(!o.instances.whole_word_mask, UsageError, "--whole-word-mask finds words by WordPiece's ## "
+                 "continuations; byte-level BPE has none: drop it with --tokenizer bpe");
+    COHORT_CHECK(o.lowercase, UsageError, "--cased is WordPiece's: byte-level BPE keeps case and accents always");
+    const auto least = static_cast<int32_t>(special_tokens().size()) + 256;
+    COHORT_CHECK(!o.vocab.empty() || o.vocab_size >= least, UsageError, "--vocab-size must be at least ", least,
+                 " with --tokenizer bpe (the special tokens and 256 bytes), got ", o.vocab_size);
+  } else if (o.vocab.empty()) {
     auto specials = static_cast<int32_t>(special_tokens().size());
     COHORT_CHECK(o.vocab_size > specials, UsageError, "--vocab-size must be more than the ", specials,
                  " special tokens, got ", o.vocab_size);
@@ -161,12 +172,43 @@ Vocab build_training_vocab(const PrepareOptions& o, const std::vector<Document>&
   return vocab;
 }
 
+// A byte-level BPE's tokens by id, as the vocabulary the shards and masking
+// read: it must hold BERT's special tokens ([CLS], [SEP], [MASK], [PAD]).
+Vocab bpe_vocab(const text::ByteLevelBpe& bpe, const std::string& what) {
+  std::vector<std::string> tokens = bpe.tokens();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    COHORT_CHECK(!tokens[i].empty() && tokens[i].find('\n') == std::string::npos, DataError, what, ": token ", i,
+                 tokens[i].empty() ? " is missing (the ids have a gap)" : " holds a newline");
+  }
+  for (const auto& special : special_tokens())
+    COHORT_CHECK(bpe.find(special) >= 0, DataError, what, " has no ", special,
+                 " token, which BERT's rows and masks need (cohort prepare --tokenizer bpe trains a tokenizer with them)");
+  return Vocab(std::move(tokens));
+}
+
+// A byte-level BPE trained on the training split's sentences only.
+text::ByteLevelBpe train_bpe(const PrepareOptions& o, const std::vector<Document>& docs,
+                             const std::vector<int8_t>& split_of, const Reporter& report) {
+  report.line("training a byte-level BPE of ", o.vocab_size, " tokens on the training split");
+  text::BpeTrainOptions bo;
+  bo.vocab_size = o.vocab_size;
+  bo.special_tokens = special_tokens();
+  bo.max_length = o.instances.max_seq_length;
+  auto bpe = text::ByteLevelBpe::train(
+      [&](const std::function<void(std::string_view)>& sink) {
+        for (size_t i = 0; i < docs.size(); ++i) {
+          if (split_of[i] != 0) continue;
+          for (const auto& sentence : docs[i]) sink(sentence);
+        }
+      },
+      bo);
+  report.line("byte-level BPE: ", bpe.size(), " tokens (", fixed(report.elapsed(), 1), " s)");
+  return bpe;
+}
+
 // Every document at once: the heavy part, parallel.
-std::vector<TokenDocument> tokenize_all(const PrepareOptions& o, const std::vector<Document>& docs, const Vocab& vocab,
-                                        const Reporter& report) {
-  TokenizerOptions to;
-  to.lowercase = o.lowercase;
-  WordPiece wp(vocab, to);
+std::vector<TokenDocument> tokenize_all(const PrepareOptions& o, const std::vector<Document>& docs,
+                                        const SentenceEncoder& encode, const Reporter& report) {
   report.line("tokenizing ", docs.size(), " documents");
   std::atomic<int64_t> done{0}, bytes{0};
   const double t0 = report.elapsed();
@@ -175,7 +217,7 @@ std::vector<TokenDocument> tokenize_all(const PrepareOptions& o, const std::vect
     report.line("tokenized ", done.load(), "/", docs.size(), " documents, ",
                 fixed(static_cast<double>(bytes.load()) / 1e6 / dt, 2), " MB/s, ", fixed(report.elapsed(), 1), " s");
   };
-  std::vector<TokenDocument> tokenized = tokenize_documents(docs, wp, o.instances.threads, &done, &bytes, tick);
+  std::vector<TokenDocument> tokenized = tokenize_documents(docs, encode, o.instances.threads, &done, &bytes, tick);
   tick();
   return tokenized;
 }
@@ -255,7 +297,8 @@ ManifestRecord::Split write_split(const PrepareOptions& o, int s, std::vector<To
 ManifestRecord options_record(const PrepareOptions& o) {
   ManifestRecord m;
   m.vocab_source = o.vocab.empty() ? std::string("built") : o.vocab;
-  m.lowercase = o.lowercase;
+  m.tokenizer = o.tokenizer;
+  m.lowercase = o.tokenizer == "bpe" ? false : o.lowercase;  // byte-level BPE keeps case
   m.max_seq_length = o.instances.max_seq_length;
   m.max_predictions = o.instances.mask ? o.instances.max_predictions : 1;
   m.masked_lm_prob = o.instances.masked_lm_prob;
@@ -302,20 +345,43 @@ void run_prepare(const PrepareOptions& o) {
   Reporter report(o.quiet);
   ManifestRecord m = options_record(o);
 
+  const bool bpe = o.tokenizer == "bpe";
   Vocab vocab;
+  std::optional<text::ByteLevelBpe> byte_level;
   if (!o.vocab.empty()) {
-    vocab = Vocab::load(o.vocab);
-    report.line("vocabulary ", o.vocab, ": ", vocab.size(), " tokens");
+    if (bpe) {
+      byte_level = text::ByteLevelBpe::load(o.vocab);
+      vocab = bpe_vocab(*byte_level, o.vocab);
+    } else {
+      vocab = Vocab::load(o.vocab);
+    }
+    report.line(bpe ? "tokenizer " : "vocabulary ", o.vocab, ": ", vocab.size(), " tokens");
   }
   std::vector<Document> docs = read_inputs(o, report, m);
   const std::vector<int8_t> split_of = assign_splits(docs.size(), o.valid_fraction, o.test_fraction, o.instances.seed);
-  if (o.vocab.empty()) vocab = build_training_vocab(o, docs, split_of, report);
+  if (o.vocab.empty() && bpe) {
+    byte_level = train_bpe(o, docs, split_of, report);
+    vocab = bpe_vocab(*byte_level, "the trained tokenizer");
+  } else if (o.vocab.empty()) {
+    vocab = build_training_vocab(o, docs, split_of, report);
+  }
   m.vocab_size = vocab.size();
   const MaskingVocab masking = MaskingVocab::from(vocab);  // before anything in OUT is touched
 
   reset_out_dir(o.out);
   vocab.save((fs::path(o.out) / "vocab.txt").string());
-  std::vector<TokenDocument> tokenized = tokenize_all(o, docs, vocab, report);
+  SentenceEncoder encode;
+  std::optional<WordPiece> wordpiece;
+  if (bpe) {
+    write_file_atomically((fs::path(o.out) / "tokenizer.json").string(), byte_level->to_json());
+    encode = [&](const std::string& sentence) { return byte_level->encode(sentence, /*add_special_tokens=*/false); };
+  } else {
+    TokenizerOptions to;
+    to.lowercase = o.lowercase;
+    wordpiece.emplace(vocab, to);
+    encode = [&](const std::string& sentence) { return wordpiece->encode(sentence); };
+  }
+  std::vector<TokenDocument> tokenized = tokenize_all(o, docs, encode, report);
   std::vector<Document>().swap(docs);
 
   int64_t unk_tokens = 0;

@@ -17,7 +17,8 @@ namespace cohort::prep {
 struct PrepareOptions {
   std::vector<std::string> inputs;  // text files, or the GCIDE .dict(.dz)
   std::string out;                  // output directory
-  std::string vocab;                // existing vocab.txt; empty: build one
+  std::string tokenizer = "wordpiece";  // wordpiece | bpe (byte-level, text/bpe.hpp)
+  std::string vocab;                // existing vocab.txt (wordpiece) or tokenizer.json (bpe); empty: build one
   int32_t vocab_size = 30522;
   bool lowercase = true;
   // Sequence shape and masking. Its seed and threads serve the whole run:
@@ -43,7 +44,8 @@ std::vector<Document> read_gcide_documents(const std::string& path);
 std::vector<std::string> gcide_sentences(const std::string& entry);
 
 // Runs the whole pipeline; writes OUT/vocab.txt, OUT/manifest.json and
-// OUT/{train,valid,test}/part-NNNNN.hdf5. Prints progress (stderr) and a
+// OUT/{train,valid,test}/part-NNNNN.hdf5 (and for --tokenizer bpe
+// OUT/tokenizer.json, with vocab.txt listing its tokens by id). Prints progress (stderr) and a
 // summary with MB/s and the [UNK] fraction (stdout) unless quiet. Inputs
 // whose names end in .dict or .dict.dz are read as GCIDE, others as text.
 // UsageError naming the option for a bad value; UsageError when `out` holds

@@ -71,4 +71,18 @@ std::string hf_wordpiece_json(const std::string& vocab_text, bool lowercase) {
   return j.dump(2) + "\n";
 }
 
+std::vector<std::pair<std::string, std::string>> hf_bpe_tokenizer_files(const std::string& tokenizer_json,
+                                                                         int64_t model_max_length) {
+  const nlohmann::json specials = {{"unk_token", "[UNK]"}, {"sep_token", "[SEP]"}, {"pad_token", "[PAD]"},
+                                   {"cls_token", "[CLS]"}, {"mask_token", "[MASK]"}};
+  nlohmann::json config = specials;
+  config["tokenizer_class"] = "PreTrainedTokenizerFast";
+  config["model_max_length"] = model_max_length;
+  config["clean_up_tokenization_spaces"] = false;
+  config["model_input_names"] = {"input_ids", "attention_mask"};
+  return {{"tokenizer.json", tokenizer_json},
+          {"tokenizer_config.json", config.dump(2) + "\n"},
+          {"special_tokens_map.json", specials.dump(2) + "\n"}};
+}
+
 }  // namespace cohort::text

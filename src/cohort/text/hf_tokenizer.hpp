@@ -1,4 +1,4 @@
-// defines: kTokenizerDir, hf_tokenizer_files, hf_wordpiece_json
+// defines: kTokenizerDir, hf_tokenizer_files, hf_wordpiece_json, hf_bpe_tokenizer_files
 //
 // The files Hugging Face's AutoTokenizer loads a BERT WordPiece tokenizer
 // from: vocab.txt, tokenizer_config.json (do_lower_case as the vocabulary
@@ -27,5 +27,12 @@ std::vector<std::pair<std::string, std::string>> hf_tokenizer_files(const std::s
 // BertNormalizer, BertPreTokenizer, WordPiece, [CLS] A [SEP] and [CLS] A
 // [SEP] B [SEP]), for classes whose AutoTokenizer needs that file (ModernBERT's).
 std::string hf_wordpiece_json(const std::string& vocab_text, bool lowercase);
+
+// The files AutoTokenizer loads a byte-level BPE from (`cohort prepare
+// --tokenizer bpe`, text/bpe.hpp): the tokenizer.json itself, and a
+// tokenizer_config.json (PreTrainedTokenizerFast, BERT's special tokens,
+// model_max_length) and special_tokens_map.json.
+std::vector<std::pair<std::string, std::string>> hf_bpe_tokenizer_files(const std::string& tokenizer_json,
+                                                                         int64_t model_max_length);
 
 }  // namespace cohort::text

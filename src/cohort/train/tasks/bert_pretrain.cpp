@@ -131,6 +131,7 @@ class BertPretrainTask : public Task {
     // The data's case, kept with its vocabulary in the run for `cohort export`.
     auto manifest = read_manifest(dir_);
     lowercase_ = manifest && manifest->lowercase ? *manifest->lowercase : cfg.data.lowercase;
+    bpe_data_ = manifest && manifest->tokenizer == "bpe";
     model_->to(device_);
   }
 
@@ -156,7 +157,12 @@ class BertPretrainTask : public Task {
     std::vector<std::pair<std::string, std::string>> files;
     if (!hf_config_.empty()) files.emplace_back(kHfConfigFile, hf_config_);  // ModernBERT's architecture
     if (vocab_path_.empty()) return files;
-    for (auto& [name, text] : text::hf_tokenizer_files(read_file(vocab_path_), lowercase_, model_->max_positions()))
+    // Byte-level BPE data (cohort prepare --tokenizer bpe): its tokenizer.json.
+    const auto bpe = std::filesystem::path(vocab_path_).parent_path() / "tokenizer.json";
+    const bool byte_level = bpe_data_ && std::filesystem::exists(bpe);
+    for (auto& [name, text] : byte_level ? text::hf_bpe_tokenizer_files(read_file(bpe.string()), model_->max_positions())
+                                         : text::hf_tokenizer_files(read_file(vocab_path_), lowercase_,
+                                                                    model_->max_positions()))
       files.emplace_back((std::filesystem::path(text::kTokenizerDir) / name).string(), std::move(text));
     return files;
   }
@@ -264,6 +270,9 @@ class BertPretrainTask : public Task {
                    "shards' masks are used (cohort prepare --masked-lm-prob, --whole-word-mask)");
       return o;
     }
+    if (auto manifest = read_manifest(cfg.data.path); manifest && manifest->tokenizer == "bpe")
+      COHORT_CHECK(!m.whole_word, ConfigError, "task.whole-word finds words by WordPiece's ## continuations, and the "
+                   "shards under ", cfg.data.path, " are byte-level BPE's: drop it");
     COHORT_CHECK(!vocab_path.empty(), ConfigError, "task.masking dynamic needs the vocabulary the shards were made "
                  "with ([MASK], [CLS], [SEP], ## pieces): set data.vocab (", cfg.data.path, " has no vocab.txt)");
     o.masking = std::make_shared<DynamicMasking>(MaskingVocab::from(text::Vocab::load(vocab_path)), m);
@@ -310,6 +319,7 @@ class BertPretrainTask : public Task {
   std::string vocab_path_;  // "": none known
   bool nsp_ = true;
   bool lowercase_ = true;
+  bool bpe_data_ = false;  // cohort prepare --tokenizer bpe: tokenizer.json beside vocab.txt
   std::string hf_config_;  // model.name modernbert: Hugging Face's config.json, kept in the run for export
   BertShardsOptions shard_opts_;
   std::shared_ptr<BertShards> train_;
