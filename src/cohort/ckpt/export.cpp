@@ -101,6 +101,17 @@ void write_tokenizer(const ExportSource& s, const std::string& out_dir, int64_t 
     write_text(out_dir, name, text, result);
 }
 
+// AutoTokenizer builds a ModernBERT's tokenizer from tokenizer.json alone: a
+// WordPiece run's export gets one made from its vocab.txt (a byte-level BPE
+// run's has its own).
+void write_tokenizer_json(const std::string& out_dir, ExportResult& result) {
+  const fs::path vocab = fs::path(out_dir) / "vocab.txt";
+  if (!fs::exists(vocab) || fs::exists(fs::path(out_dir) / "tokenizer.json")) return;
+  auto tc = nlohmann::json::parse(read_file((fs::path(out_dir) / "tokenizer_config.json").string()));
+  write_text(out_dir, "tokenizer.json", text::hf_wordpiece_json(read_file(vocab.string()), tc.value("do_lower_case", true)),
+             result);
+}
+
 int64_t bert_max_len(const ExportSource& s) {
   return tensor(s, "bert.embeddings.position_embeddings.weight").size(0);
 }
@@ -133,13 +144,7 @@ void export_bert_pretrain(const ExportSource& s, const std::string& out_dir, Exp
     nlohmann::json config = modernbert_config(s, result.hf_class);
     write_text(out_dir, "config.json", config.dump(2) + "\n", result);
     write_tokenizer(s, out_dir, config.value("max_position_embeddings", int64_t{8192}), result);
-    // AutoTokenizer builds a ModernBERT's tokenizer from tokenizer.json alone.
-    const fs::path vocab = fs::path(out_dir) / "vocab.txt";
-    if (fs::exists(vocab) && !fs::exists(fs::path(out_dir) / "tokenizer.json")) {
-      auto tc = nlohmann::json::parse(read_file((fs::path(out_dir) / "tokenizer_config.json").string()));
-      write_text(out_dir, "tokenizer.json",
-                 text::hf_wordpiece_json(read_file(vocab.string()), tc.value("do_lower_case", true)), result);
-    }
+    write_tokenizer_json(out_dir, result);
     return;
   }
   // BertForPreTraining's (and BertForMaskedLM's) state_dict() also names the
@@ -172,8 +177,9 @@ void export_bert_classify(const ExportSource& s, const std::string& out_dir, Exp
                            std::to_string(classes - 1));
   }
   write_weights(s, NamedTensors(s.weights.tensors.begin(), s.weights.tensors.end()), out_dir, result);
-  result.hf_class = "BertForSequenceClassification";
-  nlohmann::json config = bert_config(s, result.hf_class);
+  const bool modern = s.cfg.model.name == "modernbert";
+  result.hf_class = modern ? "ModernBertForSequenceClassification" : "BertForSequenceClassification";
+  nlohmann::json config = modern ? modernbert_config(s, result.hf_class) : bert_config(s, result.hf_class);
   nlohmann::json id2label = nlohmann::json::object(), label2id = nlohmann::json::object();
   for (size_t i = 0; i < names.size(); ++i) {
     id2label[std::to_string(i)] = names[i];
@@ -183,9 +189,10 @@ void export_bert_classify(const ExportSource& s, const std::string& out_dir, Exp
   config["id2label"] = id2label;
   config["label2id"] = label2id;
   config["problem_type"] = "single_label_classification";
-  config["classifier_dropout"] = nullptr;  // hidden_dropout_prob, as Cohort's classifier
+  if (!modern) config["classifier_dropout"] = nullptr;  // hidden_dropout_prob, as Cohort's classifier
   write_text(out_dir, "config.json", config.dump(2) + "\n", result);
-  write_tokenizer(s, out_dir, bert_max_len(s), result);
+  write_tokenizer(s, out_dir, modern ? config.value("max_position_embeddings", int64_t{8192}) : bert_max_len(s), result);
+  if (modern) write_tokenizer_json(out_dir, result);
 }
 
 void export_image_classify(const ExportSource& s, const std::string& out_dir, ExportResult& result) {

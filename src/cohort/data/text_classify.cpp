@@ -164,15 +164,26 @@ class RowReader {
 
 }  // namespace
 
+namespace {
+
+TextTokenizer wordpiece_tokenizer(const text::WordPiece& wp) {
+  return {[&wp](const std::string& t) { return wp.encode(t); }, wp.vocab().require("[CLS]"), wp.vocab().require("[SEP]")};
+}
+
+}  // namespace
+
 TextClassification::TextClassification(const std::string& path, const text::WordPiece& tokenizer,
+                                       const TextClassifyOptions& opts, LabelSet labels)
+    : TextClassification(path, wordpiece_tokenizer(tokenizer), opts, std::move(labels)) {}
+
+TextClassification::TextClassification(const std::string& path, const TextTokenizer& tokenizer,
                                        const TextClassifyOptions& opts, LabelSet labels)
     : path_(path), labels_(std::move(labels)) {
   const bool fixed_labels = labels_.size() > 0;
   const bool pairs = !opts.columns.text_pair.empty();
   const int64_t budget = opts.max_seq_length - (pairs ? 3 : 2);
   COHORT_CHECK(budget >= 1, ConfigError, "data.max-seq-length ", opts.max_seq_length, " leaves no room for text");
-  const text::Vocab& vocab = tokenizer.vocab();
-  const int32_t cls = vocab.require("[CLS]"), sep = vocab.require("[SEP]");
+  const int32_t cls = tokenizer.cls, sep = tokenizer.sep;
   RowReader reader(path, opts.columns, opts.require_labels);
   std::vector<std::string> label_text;
   std::vector<std::string> where;  // file:line of each row, for label errors

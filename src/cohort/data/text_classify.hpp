@@ -1,10 +1,11 @@
-// defines: ClassifyColumns, LabelSet, TextClassifyOptions, classify_file, TextClassification
+// defines: ClassifyColumns, LabelSet, TextClassifyOptions, TextTokenizer, classify_file, TextClassification
 //
 // Sequence classification data: one file per split, DIR/<split>.tsv (GLUE
 // style: tab-separated, a header row naming the columns) or
 // DIR/<split>.jsonl (one object per line). The config names the columns:
 // the text, optionally a second text (sentence pairs), and the label.
-// Texts are tokenised at load by WordPiece with the model's vocab.txt into
+// Texts are tokenised at load (WordPiece with the model's vocab.txt, or a
+// byte-level BPE's tokenizer.json) into
 // [CLS] a [SEP] (b [SEP]), the longer segment truncated first to the
 // maximum length. Batches are padded to their longest row (dynamic
 // padding); length() serves data.bucket.
@@ -14,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -62,6 +64,13 @@ struct TextClassifyOptions {
 // when neither exists), or `path` itself when it is a file.
 std::string classify_file(const std::string& dir, const std::string& split);
 
+// What rows are tokenised with: a text's ids without special tokens, and
+// the ids of [CLS] and [SEP].
+struct TextTokenizer {
+  std::function<std::vector<int32_t>(const std::string& text)> encode;
+  int32_t cls = -1, sep = -1;
+};
+
 class TextClassification : public Dataset {
  public:
   // Reads and tokenises `path`. `labels` maps the label column; when it is
@@ -69,6 +78,9 @@ class TextClassification : public Dataset {
   // DataError naming the file and line: a missing column, a row with the
   // wrong number of fields, an empty file, an unknown label, or (train) a
   // label column with fewer than two classes.
+  TextClassification(const std::string& path, const TextTokenizer& tokenizer, const TextClassifyOptions& opts,
+                     LabelSet labels = {});
+  // With WordPiece (DataError when its vocabulary lacks [CLS] or [SEP]).
   TextClassification(const std::string& path, const text::WordPiece& tokenizer, const TextClassifyOptions& opts,
                      LabelSet labels = {});
 

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <mutex>
 
+#include "cohort/ckpt/export.hpp"
 #include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/files.hpp"
@@ -20,6 +21,8 @@
 #include "cohort/data/text_classify.hpp"
 #include "cohort/distributed/world.hpp"
 #include "cohort/model/bert.hpp"
+#include "cohort/model/modernbert.hpp"
+#include "cohort/text/bpe.hpp"
 #include "cohort/text/hf_tokenizer.hpp"
 #include "cohort/text/wordpiece.hpp"
 #include "cohort/train/tasks/registry.hpp"
@@ -51,26 +54,35 @@ const bool bert_classify_keys_declared = [] {
   return true;
 }();
 
-// data.vocab, else DIR/vocab.txt, else the vocab.txt beside model.init (a
-// Hugging Face directory, an export) or kept in its run (tokenizer/).
+// data.vocab (a vocab.txt, or a byte-level BPE's tokenizer.json), else
+// DIR/vocab.txt, else the one beside model.init (a Hugging Face directory,
+// an export) or kept in its run (tokenizer/): at each place vocab.txt first,
+// then tokenizer.json.
 std::string find_vocab(const Config& cfg) {
   if (!cfg.data.vocab.empty()) return cfg.data.vocab;
   std::vector<fs::path> tried = {fs::path(cfg.data.path) / "vocab.txt"};
   if (!cfg.model.init.empty()) {
     fs::path init(cfg.model.init);
-    tried.push_back((fs::is_directory(init) ? init : init.parent_path()) / "vocab.txt");
-    tried.push_back(init / "tokenizer" / "vocab.txt");  // a Cohort run keeps the one it trained with
-    if (init.parent_path().filename() == "checkpoints")    // one of its checkpoints
-      tried.push_back(init.parent_path().parent_path() / "tokenizer" / "vocab.txt");
-    tried.push_back(init / "export" / "vocab.txt");
+    std::vector<fs::path> dirs = {fs::is_directory(init) ? init : init.parent_path(),
+                                  init / "tokenizer"};  // a Cohort run keeps the one it trained with
+    if (init.parent_path().filename() == "checkpoints")  // one of its checkpoints
+      dirs.push_back(init.parent_path().parent_path() / "tokenizer");
+    dirs.push_back(init / "export");
+    for (const auto& dir : dirs) {
+      tried.push_back(dir / "vocab.txt");
+      tried.push_back(dir / "tokenizer.json");
+    }
   }
   std::string list;
   for (const auto& p : tried) {
     if (fs::exists(p)) return p.string();
     list += (list.empty() ? "" : ", ") + p.string();
   }
-  throw ConfigError(detail::cat("bert-classify needs the model's vocab.txt: set data.vocab (looked for ", list, ")"));
+  throw ConfigError(detail::cat("bert-classify needs the model's vocab.txt or tokenizer.json: set data.vocab "
+                                "(looked for ", list, ")"));
 }
+
+bool is_tokenizer_json(const std::string& path) { return fs::path(path).extension() == ".json"; }
 
 std::string cell_name(int64_t truth, int64_t predicted) {
   char buf[64];
@@ -83,7 +95,20 @@ class BertClassifyTask : public Task {
  public:
   BertClassifyTask(const Config& cfg, const World& world)
       : dir_(cfg.data.path), vocab_path_(find_vocab(cfg)), lowercase_(cfg.data.lowercase), device_(world.device) {
-    tokenizer_ = std::make_unique<text::WordPiece>(text::Vocab::load(vocab_path_), text::TokenizerOptions{lowercase_});
+    int64_t vocab_size = 0;
+    if (is_tokenizer_json(vocab_path_)) {  // byte-level BPE, as ModernBERT's
+      bpe_ = std::make_unique<text::ByteLevelBpe>(text::ByteLevelBpe::load(vocab_path_));
+      COHORT_CHECK(bpe_->find("[CLS]") >= 0 && bpe_->find("[SEP]") >= 0, DataError, vocab_path_,
+                   " has no [CLS] or [SEP] token, which the rows begin and end with");
+      tokenizer_ = {[bpe = bpe_.get()](const std::string& t) { return bpe->encode(t, /*add_special_tokens=*/false); },
+                    bpe_->find("[CLS]"), bpe_->find("[SEP]")};
+      vocab_size = bpe_->size();
+    } else {
+      wordpiece_ = std::make_unique<text::WordPiece>(text::Vocab::load(vocab_path_), text::TokenizerOptions{lowercase_});
+      tokenizer_ = {[wp = wordpiece_.get()](const std::string& t) { return wp->encode(t); },
+                    wordpiece_->vocab().require("[CLS]"), wordpiece_->vocab().require("[SEP]")};
+      vocab_size = wordpiece_->vocab().size();
+    }
     opts_.columns = {cfg.task_key<std::string>("data.text-column"), cfg.task_key<std::string>("data.text-pair-column"),
                      cfg.task_key<std::string>("data.label-column"), ""};
     id_column_ = cfg.task_key<std::string>("data.id-column");
@@ -91,24 +116,35 @@ class BertClassifyTask : public Task {
     if (!cfg.data.labels.empty()) {
       labels_ = LabelSet::from_json(read_file(cfg.data.labels), cfg.data.labels);  // the train split loads when needed
     } else {
-      train_ = std::make_shared<TextClassification>(classify_file(dir_, "train"), *tokenizer_, opts_);
+      train_ = std::make_shared<TextClassification>(classify_file(dir_, "train"), tokenizer_, opts_);
       labels_ = train_->labels();
     }
     COHORT_CHECK(labels_.size() >= 2, DataError, cfg.data.labels, ": fewer than two labels");
-    BertConfig bc = BertConfig::from(cfg.model, tokenizer_->vocab().size());
-    COHORT_CHECK(bc.vocab_size >= tokenizer_->vocab().size(), ConfigError, "model.vocab-size ", bc.vocab_size,
-                 " is smaller than the vocabulary's ", tokenizer_->vocab().size(), " tokens");
-    COHORT_CHECK(opts_.max_seq_length <= bc.max_positions, ConfigError, "data.max-seq-length ",
-                 opts_.max_seq_length, " exceeds model.max-positions ", bc.max_positions);
-    max_positions_ = bc.max_positions;
-    model_ = BertForClassification(bc, labels().size());
+    int64_t model_vocab = 0;
+    if (cfg.model.name == "modernbert") {
+      ModernBertConfig mc = modernbert_config(cfg.model, vocab_size);
+      mc.checkpoint_layers = cfg.train.activation_checkpointing;
+      model_vocab = mc.vocab_size;
+      auto hf = mc.to_hf("ModernBertForSequenceClassification");
+      hf_config_ = hf.dump(2) + "\n";
+      model_ = ModernBertForClassification(mc, labels().size()).ptr();
+    } else {
+      BertConfig bc = BertConfig::from(cfg.model, vocab_size);
+      model_vocab = bc.vocab_size;
+      model_ = BertForClassification(bc, labels().size()).ptr();
+    }
+    COHORT_CHECK(model_vocab >= vocab_size, ConfigError, "model.vocab-size ", model_vocab,
+                 " is smaller than the vocabulary's ", vocab_size, " tokens (", vocab_path_, ")");
+    COHORT_CHECK(opts_.max_seq_length <= model_->max_positions(), ConfigError, "data.max-seq-length ",
+                 opts_.max_seq_length, " exceeds model.max-positions ", model_->max_positions());
+    max_positions_ = model_->max_positions();
     model_->to(device_);
   }
 
-  std::shared_ptr<torch::nn::Module> module() override { return model_.ptr(); }
+  std::shared_ptr<torch::nn::Module> module() override { return model_; }
   const Dataset& train_set() const override {
     std::call_once(train_once_, [&] {
-      if (!train_) train_ = std::make_shared<TextClassification>(classify_file(dir_, "train"), *tokenizer_, opts_, labels_);
+      if (!train_) train_ = std::make_shared<TextClassification>(classify_file(dir_, "train"), tokenizer_, opts_, labels_);
     });
     return *train_;
   }
@@ -139,7 +175,7 @@ class BertClassifyTask : public Task {
       train_set();
       return train_;
     }
-    return std::make_shared<TextClassification>(classify_file(dir_, split), *tokenizer_, opts_, labels());
+    return std::make_shared<TextClassification>(classify_file(dir_, split), tokenizer_, opts_, labels());
   }
 
   std::shared_ptr<const Dataset> input_set(const std::string& path) const override {
@@ -147,7 +183,7 @@ class BertClassifyTask : public Task {
     o.require_labels = false;
     o.keep_inputs = true;
     o.columns.id = id_column_;
-    return std::make_shared<TextClassification>(path, *tokenizer_, o, labels());
+    return std::make_shared<TextClassification>(path, tokenizer_, o, labels());
   }
   std::vector<std::pair<std::string, std::string>> input_fields(const Dataset& inputs, int64_t index) const override {
     const auto* rows = dynamic_cast<const TextClassification*>(&inputs);
@@ -157,7 +193,9 @@ class BertClassifyTask : public Task {
   std::vector<std::pair<std::string, std::string>> run_files() const override {
     // The tokenizer the run trains with, for `cohort export`.
     std::vector<std::pair<std::string, std::string>> files = {{"labels.json", labels().to_json()}};
-    for (auto& [name, text] : text::hf_tokenizer_files(read_file(vocab_path_), lowercase_, max_positions_))
+    if (!hf_config_.empty()) files.emplace_back(kHfConfigFile, hf_config_);  // ModernBERT's architecture
+    for (auto& [name, text] : bpe_ ? text::hf_bpe_tokenizer_files(read_file(vocab_path_), max_positions_)
+                                   : text::hf_tokenizer_files(read_file(vocab_path_), lowercase_, max_positions_))
       files.emplace_back((fs::path(text::kTokenizerDir) / name).string(), std::move(text));
     return files;
   }
@@ -300,13 +338,16 @@ class BertClassifyTask : public Task {
   bool lowercase_ = true;
   int64_t max_positions_ = 512;
   c10::Device device_;
-  std::unique_ptr<text::WordPiece> tokenizer_;
+  std::unique_ptr<text::WordPiece> wordpiece_;  // one of these two
+  std::unique_ptr<text::ByteLevelBpe> bpe_;
+  TextTokenizer tokenizer_;
+  std::string hf_config_;  // model.name modernbert: Hugging Face's config.json, kept in the run for export
   TextClassifyOptions opts_;
   LabelSet labels_;
   mutable std::once_flag train_once_;
   std::shared_ptr<const std::vector<std::string>> cells_;  // cell_names()
   mutable std::shared_ptr<TextClassification> train_;  // loaded at once, or on first use after data.labels
-  BertForClassification model_{nullptr};
+  std::shared_ptr<ClassificationModel> model_;
 };
 
 }  // namespace
