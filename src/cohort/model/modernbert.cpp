@@ -314,9 +314,12 @@ struct AttnImpl : nn::Module {
     const auto& v = qkv[2];
     const double p = is_training() ? probs_drop->p() : 0.0;
     torch::Tensor ctx;
-    // Per-sample dropout needs the probabilities themselves; on the CPU in
-    // bf16 the written-out attention is faster than the fused kernel.
-    if ((p > 0 && DropoutRows::current() != nullptr) || (q.is_cpu() && q.scalar_type() == torch::kBFloat16)) {
+    // Per-sample dropout needs the probabilities themselves. Otherwise the
+    // fused kernel, in bf16 too: with libtorch 2.11 on an AMX Xeon it runs
+    // this layer's attention (32 x 4 heads x 512 x 64, a windowed mask)
+    // forward and backward 3.1 times as fast as the attention written out
+    // (0.119 against 0.365 s), unlike BERT's older measurement.
+    if (p > 0 && DropoutRows::current() != nullptr) {
       auto scores = torch::matmul(q * (1.0 / std::sqrt(static_cast<double>(head_dim))), k.transpose(-2, -1));
       auto probs = torch::softmax(scores.masked_fill(keep.logical_not(), -1e30), -1, torch::kFloat32)
                        .to(q.scalar_type());

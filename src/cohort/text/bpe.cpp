@@ -681,9 +681,13 @@ ByteLevelBpe ByteLevelBpe::train(const std::function<void(const std::function<vo
   }
   // The tokenizer.json `tokenizers` writes for such a tokenizer.
   nlohmann::ordered_json added = nlohmann::ordered_json::array();
-  for (int32_t i = 0; i < specials; ++i)
-    added.push_back({{"id", i}, {"content", opts.special_tokens[static_cast<size_t>(i)]}, {"single_word", false},
-                     {"lstrip", false}, {"rstrip", false}, {"normalized", false}, {"special", true}});
+  // [MASK] takes the space before it, as RoBERTa's and ModernBERT's <mask>:
+  // "The [MASK] of" fills with " leaf", a word with its space.
+  for (int32_t i = 0; i < specials; ++i) {
+    const auto& token = opts.special_tokens[static_cast<size_t>(i)];
+    added.push_back({{"id", i}, {"content", token}, {"single_word", false}, {"lstrip", token == "[MASK]"},
+                     {"rstrip", false}, {"normalized", false}, {"special", true}});
+  }
   nlohmann::ordered_json vocab = nlohmann::ordered_json::object();
   for (size_t i = 0; i < tokens.size(); ++i) vocab[tokens[i]] = i;
   nlohmann::ordered_json merge_list = nlohmann::ordered_json::array();
