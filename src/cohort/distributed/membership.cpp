@@ -175,14 +175,17 @@ void Membership::announce_on(c10d::Store& store, int g, const std::string& why) 
   changed_ = true;
   if (g < 0) return;
   try {
+    // The reason first, then the generation: a member that sees gen move
+    // reads why/G at once, and must find it (it once read "another member
+    // announced a change" when it looked between the two writes).
+    std::string why_key = detail::cat("why/", g + 1);
+    if (!store.check({why_key})) store.set(why_key, bytes_of(why));
     // gen moves from whatever it is (never backwards) to g + 1.
     std::string want = std::to_string(g + 1);
     for (int now = announced(store), tries = 0; now <= g && tries < 100; now = announced(store), ++tries) {
       store.compareSet("gen", now == 0 && !store.check({"gen"}) ? std::vector<uint8_t>{} : bytes_of(std::to_string(now)),
                        bytes_of(want));
     }
-    std::string why_key = detail::cat("why/", g + 1);
-    if (!store.check({why_key})) store.set(why_key, bytes_of(why));
   } catch (const std::exception&) {
     // The store's host is gone: next_world reports it.
   }
