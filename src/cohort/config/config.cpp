@@ -311,14 +311,15 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("model.name", c.model.name, "model: mlp | cnn (image tasks), bert or modernbert (text tasks), or one the "
        "program registered", fixed);
   bind("model.hidden", c.model.hidden, "hidden width", fixed);
-  bind("model.dropout", c.model.dropout, "dropout probability (bert: hidden dropout)", fixed);
-  bind("model.layers", c.model.layers, "bert: transformer layers", fixed);
-  bind("model.heads", c.model.heads, "bert: attention heads; must divide model.hidden", fixed);
-  bind("model.intermediate", c.model.intermediate, "bert: feed-forward width; 0 = 4 * model.hidden", fixed);
-  bind("model.max-positions", c.model.max_positions, "bert: position embeddings, the longest sequence", fixed);
+  bind("model.dropout", c.model.dropout, "dropout probability (bert: hidden dropout; modernbert: after the embeddings "
+       "and in GeGLU, 0 in ModernBERT's recipe)", fixed);
+  bind("model.layers", c.model.layers, "bert, modernbert: transformer layers", fixed);
+  bind("model.heads", c.model.heads, "bert, modernbert: attention heads; must divide model.hidden", fixed);
+  bind("model.intermediate", c.model.intermediate, "bert: feed-forward width, 0 = 4 * model.hidden; modernbert: GeGLU's width, 0 = 1.5 * model.hidden", fixed);
+  bind("model.max-positions", c.model.max_positions, "bert: position embeddings, the longest sequence; modernbert: the longest sequence (rotary positions)", fixed);
   bind("model.type-vocab", c.model.type_vocab, "bert: segment (token type) embeddings", fixed);
-  bind("model.vocab-size", c.model.vocab_size, "bert: vocabulary; 0 = the data's (manifest.json or vocab.txt)", fixed);
-  bind("model.attention-dropout", c.model.attention_dropout, "bert: dropout on attention probabilities", fixed);
+  bind("model.vocab-size", c.model.vocab_size, "bert, modernbert: vocabulary; 0 = the data's (manifest.json or vocab.txt)", fixed);
+  bind("model.attention-dropout", c.model.attention_dropout, "bert: dropout on attention probabilities; modernbert: on attention probabilities and output", fixed);
   bind("model.local-attention", c.model.local_attention, "modernbert: the sliding window's width in tokens (each "
        "sees half of it on either side), as Hugging Face's local_attention", fixed);
   bind("model.global-every", c.model.global_every, "modernbert: every n-th layer (from the first) attends globally, "

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 
 #include "cohort/config/config.hpp"
@@ -161,6 +162,17 @@ ModernBertConfig ModernBertConfig::from_hf(const nlohmann::json& j, const std::s
 nlohmann::json ModernBertConfig::to_hf(const std::string& architecture) const {
   nlohmann::json types = nlohmann::json::array();
   for (bool g : global) types.push_back(g ? "full_attention" : "sliding_attention");
+  // The period of the global layers, when they have one (else 1: every
+  // layer global for transformers 4, which layer_types overrides in 5).
+  int64_t every = 1;
+  for (int64_t p = 1; p <= layers; ++p) {
+    bool fits = true;
+    for (int64_t i = 0; i < layers && fits; ++i) fits = global[static_cast<size_t>(i)] == (i % p == 0);
+    if (fits) {
+      every = p;
+      break;
+    }
+  }
   return {
       {"architectures", {architecture}},
       {"model_type", "modernbert"},
@@ -172,6 +184,10 @@ nlohmann::json ModernBertConfig::to_hf(const std::string& architecture) const {
       {"max_position_embeddings", max_positions},
       {"layer_types", types},
       {"local_attention", local_attention},
+      // transformers 4 reads these instead of layer_types and rope_parameters.
+      {"global_attn_every_n_layers", every},
+      {"global_rope_theta", global_rope_theta},
+      {"local_rope_theta", local_rope_theta},
       {"rope_parameters",
        {{"full_attention", {{"rope_type", "default"}, {"rope_theta", global_rope_theta}}},
         {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", local_rope_theta}}}}},
@@ -202,8 +218,21 @@ nlohmann::json ModernBertConfig::to_hf(const std::string& architecture) const {
 }
 
 ModernBertConfig modernbert_config(const ModelOptions& o, int64_t data_vocab_size) {
-  fs::path file = o.init.empty() ? fs::path() : fs::path(o.init) / "config.json";
-  if (file.empty() || !fs::is_regular_file(file)) return ModernBertConfig::from(o, data_vocab_size);
+  // The architecture beside model.init: a Hugging Face directory's
+  // config.json, or a Cohort run's hf-config.json (the run itself, one of its
+  // checkpoints, or the directory of a model.safetensors).
+  fs::path file;
+  if (!o.init.empty()) {
+    const fs::path init(o.init);
+    const fs::path dir = fs::is_directory(init) ? init : init.parent_path();
+    for (const auto& candidate : {dir / "config.json", dir / "hf-config.json", dir.parent_path().parent_path() / "hf-config.json"}) {
+      if (fs::is_regular_file(candidate)) {
+        file = candidate;
+        break;
+      }
+    }
+  }
+  if (file.empty()) return ModernBertConfig::from(o, data_vocab_size);
   nlohmann::json j;
   {
     std::ifstream in(file);
@@ -280,7 +309,7 @@ Masks attention_masks(const torch::Tensor& input_mask, const torch::Tensor& posi
 
 // Rotary cos and sin [R or 1, L, D] for positions [R or 1, L], in fp32.
 std::pair<torch::Tensor, torch::Tensor> rotary(const torch::Tensor& inv_freq, const torch::Tensor& positions) {
-  auto freqs = positions.unsqueeze(-1).to(torch::kFloat32) * inv_freq.to(positions.device());
+  auto freqs = positions.unsqueeze(-1).to(torch::kFloat32) * inv_freq;
   auto emb = torch::cat({freqs, freqs}, -1);
   return {emb.cos(), emb.sin()};
 }
@@ -321,7 +350,12 @@ struct AttnImpl : nn::Module {
     // (0.119 against 0.365 s), unlike BERT's older measurement.
     if (p > 0 && DropoutRows::current() != nullptr) {
       auto scores = torch::matmul(q * (1.0 / std::sqrt(static_cast<double>(head_dim))), k.transpose(-2, -1));
-      auto probs = torch::softmax(scores.masked_fill(keep.logical_not(), -1e30), -1, torch::kFloat32)
+      // Half the dtype's lowest value: finite in fp16 and bf16 alike.
+      const double lowest = scores.scalar_type() == torch::kHalf ? double(std::numeric_limits<c10::Half>::lowest())
+                            : scores.scalar_type() == torch::kBFloat16
+                                ? double(std::numeric_limits<c10::BFloat16>::lowest())
+                                : double(std::numeric_limits<float>::lowest());
+      auto probs = torch::softmax(scores.masked_fill(keep.logical_not(), lowest / 2), -1, torch::kFloat32)
                        .to(q.scalar_type());
       ctx = torch::matmul(probs_drop(probs), v);
     } else {
@@ -517,6 +551,10 @@ struct EncoderImpl : nn::Module {
     if (seq_ids.defined() && is_training() && DropoutRows::current() != nullptr && !DropoutRows::current()->packed())
       packed_rows.emplace(*DropoutRows::current(), seq_ids, position_ids);
     auto positions = position_ids.defined() ? position_ids : torch::arange(ids.size(1), ids.options()).unsqueeze(0);
+    if (global_inv_freq.device() != ids.device()) {  // once: they are not parameters, so to() does not move them
+      global_inv_freq = global_inv_freq.to(ids.device());
+      local_inv_freq = local_inv_freq.to(ids.device());
+    }
     Masks masks = attention_masks(input_mask, positions, seq_ids, half_window);
     auto global_cs = rotary(global_inv_freq, positions), local_cs = rotary(local_inv_freq, positions);
     auto x = embeddings(ids);

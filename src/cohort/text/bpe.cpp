@@ -278,6 +278,14 @@ ByteLevelBpe ByteLevelBpe::load(const std::string& path) {
 }
 
 ByteLevelBpe ByteLevelBpe::from_json(const std::string& text, const std::string& what) {
+  try {
+    return parse(text, what);
+  } catch (const nlohmann::json::exception& e) {  // a field of the wrong type or shape
+    throw DataError(detail::cat(what, ": ", e.what()));
+  }
+}
+
+ByteLevelBpe ByteLevelBpe::parse(const std::string& text, const std::string& what) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -537,7 +545,7 @@ std::vector<int32_t> ByteLevelBpe::encode(std::string_view text, bool add_specia
         continue;
       }
       std::vector<uint32_t> p = decode(part);
-      if (add_prefix_space_ && !p.empty() && !is_space(p[0])) p.insert(p.begin(), ' ');
+      if (add_prefix_space_ && !p.empty() && p[0] != ' ') p.insert(p.begin(), ' ');  // tokenizers: starts_with(' ')
       std::vector<std::pair<size_t, size_t>> pieces;
       if (use_regex_) {
         regex_split(p, 0, p.size(), pieces);

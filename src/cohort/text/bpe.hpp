@@ -70,6 +70,7 @@ class ByteLevelBpe {
   enum class Normalization { kNfc, kNfd };
 
  private:
+  static ByteLevelBpe parse(const std::string& text, const std::string& what);
   std::vector<int32_t> bpe_word(const std::string& byte_chars) const;
   std::vector<std::pair<bool, std::string>> split_added(const std::string& text, bool normalized_pass,
                                                         std::vector<int32_t>& ids_out) const;

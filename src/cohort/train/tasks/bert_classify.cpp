@@ -124,6 +124,9 @@ class BertClassifyTask : public Task {
     if (cfg.model.name == "modernbert") {
       ModernBertConfig mc = modernbert_config(cfg.model, vocab_size);
       mc.checkpoint_layers = cfg.train.activation_checkpointing;
+      mc.cls_id = tokenizer_.cls;  // the ids config.json names: the tokenizer's
+      mc.sep_id = tokenizer_.sep;
+      if (const int32_t pad = bpe_ ? bpe_->find("[PAD]") : wordpiece_->vocab().find("[PAD]"); pad >= 0) mc.pad_id = pad;
       model_vocab = mc.vocab_size;
       auto hf = mc.to_hf("ModernBertForSequenceClassification");
       hf_config_ = hf.dump(2) + "\n";

@@ -158,8 +158,10 @@ class BertPretrainTask : public Task {
     if (!hf_config_.empty()) files.emplace_back(kHfConfigFile, hf_config_);  // ModernBERT's architecture
     if (vocab_path_.empty()) return files;
     // Byte-level BPE data (cohort prepare --tokenizer bpe): its tokenizer.json.
-    const auto bpe = std::filesystem::path(vocab_path_).parent_path() / "tokenizer.json";
-    const bool byte_level = bpe_data_ && std::filesystem::exists(bpe);
+    const auto bpe = std::filesystem::path(dir_) / "tokenizer.json";
+    COHORT_CHECK(!bpe_data_ || std::filesystem::exists(bpe), DataError, "the shards under ", dir_,
+                 " are byte-level BPE's but ", bpe.string(), " is missing: copy the tokenizer.json they were made with");
+    const bool byte_level = bpe_data_;
     for (auto& [name, text] : byte_level ? text::hf_bpe_tokenizer_files(read_file(bpe.string()), model_->max_positions())
                                          : text::hf_tokenizer_files(read_file(vocab_path_), lowercase_,
                                                                     model_->max_positions()))
