@@ -15,6 +15,8 @@
 #include "cohort/core/json_fields.hpp"
 #include "cohort/model/dropout.hpp"
 #include "cohort/model/model_size.hpp"
+#include "cohort/model/rotary.hpp"
+#include "cohort/model/sliding_window.hpp"
 
 namespace cohort {
 
@@ -290,10 +292,14 @@ TORCH_MODULE(Norm);
 // sequence's keys. Sliding layers: within local_attention / 2 positions.
 struct Masks {
   torch::Tensor full, sliding;
+  // The sliding layers' keys by blocks (banded_attention), when they attend
+  // that way: [R * blocks, 1, band, 3 * band], band = local_attention / 2.
+  torch::Tensor sliding_band;
+  int64_t band = 0;
 };
 
 Masks attention_masks(const torch::Tensor& input_mask, const torch::Tensor& positions, const torch::Tensor& seq_ids,
-                      int64_t half_window) {
+                      int64_t half_window, bool banded) {
   Masks m;
   if (seq_ids.defined()) {
     m.full = seq_ids.unsqueeze(2).eq(seq_ids.unsqueeze(1)).unsqueeze(1);  // [R,1,L,L]
@@ -301,6 +307,11 @@ Masks attention_masks(const torch::Tensor& input_mask, const torch::Tensor& posi
     auto real = input_mask.ne(0);
     m.full = real.view({real.size(0), 1, 1, real.size(1)}).logical_or(
         real.logical_not().view({real.size(0), 1, real.size(1), 1}));  // [B,1,L,L]
+  }
+  if (banded) {
+    m.band = half_window;
+    m.sliding_band = band_keep(input_mask, positions, seq_ids, half_window);
+    return m;
   }
   auto distance = (positions.unsqueeze(2) - positions.unsqueeze(1)).abs().le(half_window).unsqueeze(1);
   m.sliding = m.full.logical_and(distance);
@@ -314,18 +325,6 @@ std::pair<torch::Tensor, torch::Tensor> rotary(const torch::Tensor& inv_freq, co
   return {emb.cos(), emb.sin()};
 }
 
-torch::Tensor rotate_half(const torch::Tensor& x) {
-  auto halves = x.chunk(2, -1);
-  return torch::cat({halves[1].neg(), halves[0]}, -1);
-}
-
-// x [B,A,L,D] rotated in fp32, as Hugging Face's apply_rotary_pos_emb.
-torch::Tensor rotate(const torch::Tensor& x, const std::pair<torch::Tensor, torch::Tensor>& cs) {
-  auto f = x.to(torch::kFloat32);
-  auto cos = cs.first.unsqueeze(1), sin = cs.second.unsqueeze(1);
-  return (f * cos + rotate_half(f) * sin).to(x.scalar_type());
-}
-
 struct AttnImpl : nn::Module {
   AttnImpl(const ModernBertConfig& c, int64_t layer)
       : heads(c.heads),
@@ -335,12 +334,12 @@ struct AttnImpl : nn::Module {
         probs_drop(register_module("probs_drop", SampleDropout(c.attention_dropout, layer_site(layer, 1)))),
         out_drop(register_module("out_drop", SampleDropout(c.attention_dropout, layer_site(layer, 2)))) {}
 
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& keep,
+  // keep: the keys each query sees, [B or 1, 1, L, L]; or, when band > 0,
+  // band_keep's blocks for banded_attention.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& keep, int64_t band,
                         const std::pair<torch::Tensor, torch::Tensor>& cs) {
     auto b = x.size(0), l = x.size(1);
-    auto qkv = at::linear(x, Wqkv->weight, Wqkv->bias).view({b, l, 3, heads, head_dim}).permute({2, 0, 3, 1, 4}).unbind(0);
-    auto q = rotate(qkv[0], cs), k = rotate(qkv[1], cs);
-    const auto& v = qkv[2];
+    auto [q, k, v] = rotary_qkv(at::linear(x, Wqkv->weight, Wqkv->bias), heads, cs.first, cs.second);
     const double p = is_training() ? probs_drop->p() : 0.0;
     torch::Tensor ctx;
     // Per-sample dropout needs the probabilities themselves. Otherwise the
@@ -358,6 +357,9 @@ struct AttnImpl : nn::Module {
       auto probs = torch::softmax(scores.masked_fill(keep.logical_not(), lowest / 2), -1, torch::kFloat32)
                        .to(q.scalar_type());
       ctx = torch::matmul(probs_drop(probs), v);
+    } else if (band > 0) {
+      COHORT_CHECK(p == 0, Error, "banded attention with attention dropout ", p);
+      return out_drop(at::linear(banded_attention(q, k, v, keep, band), Wo->weight, Wo->bias));
     } else {
       ctx = at::scaled_dot_product_attention(q, k, v, keep, p);
     }
@@ -394,9 +396,9 @@ struct LayerImpl : nn::Module {
     mlp_norm = register_module("mlp_norm", Norm(c.hidden, c.norm_eps, c.norm_bias));
     mlp = register_module("mlp", Mlp(c, layer));
   }
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& keep,
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& keep, int64_t band,
                         const std::pair<torch::Tensor, torch::Tensor>& cs) {
-    auto h = x + attn(attn_norm ? attn_norm(x) : x, keep, cs);
+    auto h = x + attn(attn_norm ? attn_norm(x) : x, keep, band, cs);
     return h + mlp(mlp_norm(h));
   }
   bool global;
@@ -492,14 +494,15 @@ struct ForwardState {
 
 struct RecomputedLayer : torch::autograd::Function<RecomputedLayer> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, LayerImpl* layer,
-                               const torch::Tensor& keep, const torch::Tensor& cos, const torch::Tensor& sin,
-                               const ForwardState& state) {
+                               const torch::Tensor& keep, int64_t band, const torch::Tensor& cos,
+                               const torch::Tensor& sin, const ForwardState& state) {
     ctx->save_for_backward({x, keep, cos, sin});
     // The module outlives its step's backward.
     ctx->saved_data["layer"] = reinterpret_cast<int64_t>(layer);
+    ctx->saved_data["band"] = band;
     state.keep_in(ctx);
     torch::NoGradGuard no_grad;
-    return layer->forward(x, keep, {cos, sin});
+    return layer->forward(x, keep, band, {cos, sin});
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -517,13 +520,14 @@ struct RecomputedLayer : torch::autograd::Function<RecomputedLayer> {
     torch::Tensor out;
     {
       torch::AutoGradMode grad(true);
-      out = layer->forward(x, saved[1], {saved[2], saved[3]});
+      out = layer->forward(x, saved[1], ctx->saved_data["band"].toInt(), {saved[2], saved[3]});
     }
     at::autocast::set_autocast_enabled(state.device, was);
     at::autocast::set_autocast_dtype(state.device, was_dtype);
     if (!was) at::autocast::clear_cache();
     torch::autograd::backward({out}, {grads[0]});
-    return {x.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {x.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
   }
 };
 
@@ -534,6 +538,7 @@ struct EncoderImpl : nn::Module {
         layers(register_module("layers", nn::ModuleList())),
         final_norm(register_module("final_norm", Norm(c.hidden, c.norm_eps, c.norm_bias))),
         half_window(c.local_attention / 2),
+        attention_dropout(c.attention_dropout),
         checkpoint(c.checkpoint_layers) {
     for (int64_t i = 0; i < c.layers; ++i) layers->push_back(Layer(c, i));
     const auto d = c.hidden / c.heads;
@@ -555,17 +560,21 @@ struct EncoderImpl : nn::Module {
       global_inv_freq = global_inv_freq.to(ids.device());
       local_inv_freq = local_inv_freq.to(ids.device());
     }
-    Masks masks = attention_masks(input_mask, positions, seq_ids, half_window);
+    // Sliding layers by blocks (banded_attention) where that is less work,
+    // and no dropout needs their probabilities whole.
+    const bool banded = half_window > 0 && ids.size(1) >= 4 * half_window && (!is_training() || attention_dropout == 0);
+    Masks masks = attention_masks(input_mask, positions, seq_ids, half_window, banded);
     auto global_cs = rotary(global_inv_freq, positions), local_cs = rotary(local_inv_freq, positions);
     auto x = embeddings(ids);
     const bool recompute = checkpoint && is_training() && torch::GradMode::is_enabled();
     const ForwardState state = recompute ? ForwardState::capture(x) : ForwardState{};
     for (const auto& m : *layers) {
       auto* layer = m->as<LayerImpl>();
-      const auto& keep = layer->global ? masks.full : masks.sliding;
+      const auto& keep = layer->global ? masks.full : masks.band > 0 ? masks.sliding_band : masks.sliding;
+      const int64_t band = layer->global ? 0 : masks.band;
       const auto& cs = layer->global ? global_cs : local_cs;
-      x = recompute ? RecomputedLayer::apply(x, layer, keep, cs.first, cs.second, state)
-                    : layer->forward(x, keep, cs);
+      x = recompute ? RecomputedLayer::apply(x, layer, keep, band, cs.first, cs.second, state)
+                    : layer->forward(x, keep, band, cs);
     }
     return final_norm(x);
   }
@@ -574,6 +583,7 @@ struct EncoderImpl : nn::Module {
   nn::ModuleList layers;
   Norm final_norm;
   int64_t half_window;
+  double attention_dropout;
   bool checkpoint;
   torch::Tensor global_inv_freq, local_inv_freq;  // not parameters: Hugging Face keeps them out of the file
 };
