@@ -34,6 +34,7 @@ when missing; under half a minute for GCIDE).
 
 Usage: /opt/cohort/venv/bin/python3 bench/modernbert_vs_hf.py [--data data/gcide-full-512] [--steps 20]
            [--warmup-steps 5] [--batch 32] [--repeats 3] [--threads N] [--precision fp32|bf16] [--hf-attn sdpa|eager]
+           [--cohort-precision fp32|bf16|auto] [--micro-batch N]
 """
 import argparse
 import glob
@@ -121,8 +122,9 @@ def cohort_cmd(args, out, packed, tiny=False):
               "--model.max-positions", str(args.max_positions)] if tiny else model_keys(args))
     cmd = [args.cohort, "train", "--train.task", "bert-pretrain", "--model.name", "modernbert"] + model + [
         "--model.dropout", "0", "--model.attention-dropout", "0", "--data.path", args.data,
-        "--data.global-batch", str(args.batch), "--train.max-steps", str(args.steps), "--train.threads",
-        str(args.threads), "--train.precision", "fp32" if tiny else args.precision, "--train.seed", str(args.seed),
+        "--data.global-batch", str(args.batch), "--data.micro-batch", str(args.micro_batch), "--train.max-steps",
+        str(args.steps), "--train.threads", str(args.threads), "--train.precision",
+        "fp32" if tiny else args.cohort_precision, "--train.seed", str(args.seed),
         "--task.nsp=false", "--task.masking", "dynamic", "--task.mask-prob", str(args.mask_prob),
         "--optim.name", "adamw", "--optim.lr", str(args.lr), "--optim.weight-decay", "0.01", "--optim.eps", "1e-6",
         "--optim.schedule", "linear", "--optim.warmup-ratio", "0.05", "--optim.clip-norm", "1.0",
@@ -220,6 +222,12 @@ def main():
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                     help="HF: TrainingArguments(bf16=True); Cohort: --train.precision bf16")
+    ap.add_argument("--cohort-precision", choices=["fp32", "bf16", "auto"],
+                    help="Cohort's train.precision when not --precision's (auto: Cohort's default, bf16 on a CPU "
+                         "with AMX), to compare each side as users run it: HF's default is fp32")
+    ap.add_argument("--micro-batch", type=int,
+                    help="Cohort's data.micro-batch (default --batch: one process computes the step at once, as "
+                         "Cohort's start-up note advises; 0 = its automatic cut of 12 micro-batches)")
     ap.add_argument("--hf-attn", choices=["sdpa", "eager"], default="sdpa")
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--mask-prob", type=float, default=0.3)
@@ -232,6 +240,8 @@ def main():
     ap.add_argument("--global-every", type=int, default=3)
     ap.add_argument("--max-positions", type=int, default=512)
     args = ap.parse_args()
+    args.cohort_precision = args.cohort_precision or args.precision
+    args.micro_batch = args.batch if args.micro_batch is None else args.micro_batch
     if not 0 < args.warmup_steps < args.steps:
         sys.exit("need 0 < --warmup-steps < --steps")
     args.data = os.path.abspath(args.data)
@@ -247,9 +257,10 @@ def main():
           "step (%.0f a row)" % (args.data, len(lengths), manifest.get("max_seq_length"), manifest.get("vocab_size"),
                                  statistics.mean(timed), statistics.mean(timed) / args.batch))
     print("ModernBERT H=%d L=%d A=%d I=%d window %d global every %d, batch %d, %d steps (the first %d untimed), "
-          "mask prob %g, %s" % (args.hidden, args.layers, args.heads, args.intermediate, args.local_attention,
-                                args.global_every, args.batch, args.steps, args.warmup_steps, args.mask_prob,
-                                args.precision))
+          "mask prob %g; HF %s, Cohort %s, Cohort's micro-batch %s" %
+          (args.hidden, args.layers, args.heads, args.intermediate, args.local_attention, args.global_every, args.batch,
+           args.steps, args.warmup_steps, args.mask_prob, args.precision, args.cohort_precision,
+           args.micro_batch or "auto"))
     sides = {
         "hf": ("HF Trainer (%s)" % args.hf_attn, hf_cmd(args, order_path)),
         "packed": ("Cohort packed", cohort_cmd(args, os.path.join(args.work, "packed"), packed=True)),
@@ -281,7 +292,8 @@ def main():
           "packed / unpacked |" % args.hf_attn)
     print("|---|---|---|---|---|---|---|")
     print("| %s | %.0f | %.0f | %.0f | %.2f | %.2f | %.2f |" %
-          (args.precision, med["hf"], med["unpacked"], med["packed"], med["unpacked"] / med["hf"],
+          (args.precision if args.cohort_precision == args.precision else
+           "HF %s, Cohort %s" % (args.precision, args.cohort_precision), med["hf"], med["unpacked"], med["packed"], med["unpacked"] / med["hf"],
            med["packed"] / med["hf"], med["packed"] / med["unpacked"]))
     print("\n(Real tokens/s, median of %d interleaved rounds; per run: HF %s; unpacked %s; packed %s. "
           "%s, %d threads, one process; %d steps of %d rows of up to %s tokens, steps %d.. timed.)" %

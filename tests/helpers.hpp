@@ -134,6 +134,25 @@ Result prepare_tiny_bert(const Dir& dir, int max_seq_length = 32) {
                     " --valid-fraction 0.1 --test-fraction 0.1 --quiet");
 }
 
+// Rows of 128 of instances of a document (about 35 tokens) each, so that
+// three or so pack into a row: prepared once per process.
+inline const std::string& packable_bert_data() {
+  static TempDir dir;
+  static std::string path = [] {
+    auto r = prepare_tiny_bert(dir, 128);
+    if (r.code != 0) throw std::runtime_error("prepare failed: " + r.err);
+    return dir / "data";
+  }();
+  return path;
+}
+
+// Sample ids 0 .. n-1.
+inline std::vector<int64_t> first_ids(int64_t n) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i;
+  return v;
+}
+
 inline bool have_fashion_mnist() {
   return std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
 }

@@ -17,31 +17,19 @@
 #include "cohort/model/dropout.hpp"
 #include "cohort/model/modernbert.hpp"
 #include "helpers.hpp"
+#include "tensor_helpers.hpp"
 
 using cohort::test::read_file;
 using cohort::test::run_cohort;
 using cohort::test::TempDir;
 
+using cohort::test::first_ids;
+using cohort::test::max_abs;
+using cohort::test::packable_bert_data;
+
 namespace {
 
 namespace F = torch::nn::functional;
-
-// Rows of 128 of instances of about 35 tokens: three or so pack into a row.
-const std::string& tiny_data() {
-  static TempDir dir;
-  static std::string path = [] {
-    auto r = cohort::test::prepare_tiny_bert(dir, 128);
-    if (r.code != 0) throw std::runtime_error("prepare failed: " + r.err);
-    return dir / "data";
-  }();
-  return path;
-}
-
-std::vector<int64_t> first(int64_t n) {
-  std::vector<int64_t> v(static_cast<size_t>(n));
-  std::iota(v.begin(), v.end(), 0);
-  return v;
-}
 
 // Over the tiny data's vocabulary: layers 0 and 3 global, 1 and 2 in a
 // window of 8 (+-4 tokens), shorter than the instances.
@@ -60,8 +48,6 @@ cohort::ModernBertConfig tiny(double dropout) {
   return c;
 }
 
-double max_abs(const torch::Tensor& t) { return t.abs().max().item<double>(); }
-
 // The MLM loss sum and every gradient of one forward and backward, under
 // per-sample dropout masks for samples 0..n-1.
 torch::Tensor loss_and_grads(cohort::ModernBertForMaskedLM& model, const cohort::Example& b,
@@ -69,7 +55,7 @@ torch::Tensor loss_and_grads(cohort::ModernBertForMaskedLM& model, const cohort:
   for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
   torch::Tensor loss;
   {
-    cohort::DropoutRows rows(11, 4, first(b.at("next_sentence_labels").size(0)));
+    cohort::DropoutRows rows(11, 4, first_ids(b.at("next_sentence_labels").size(0)));
     auto out = model->forward(cohort::BertBatch::from(b));
     loss = F::cross_entropy(out.mlm_logits, out.mlm_labels, F::CrossEntropyFuncOptions().reduction(torch::kSum));
   }
@@ -111,8 +97,8 @@ TEST(ModernBert, ParameterNamesAreHuggingFaces) {
 // on at every site; rotary positions and the window restart at each
 // sequence.
 TEST(ModernBert, PackedRowsGiveTheLossAndGradientsOfTheirRowsApart) {
-  cohort::BertShards data(tiny_data(), "train");
-  auto batch = data.get_batch(first(24));
+  cohort::BertShards data(packable_bert_data(), "train");
+  auto batch = data.get_batch(first_ids(24));
   auto packed = cohort::pack_bert_rows(batch, data.info().seq_len);
   ASSERT_LT(packed.at("input_ids").size(0), 12) << "nothing was packed";
   torch::manual_seed(3);
@@ -149,8 +135,8 @@ TEST(ModernBert, PackedRowsGiveTheLossAndGradientsOfTheirRowsApart) {
 // the forward's dropout masks (packed rows too) and autocast, and the
 // gradients are the ones kept activations give, bit for bit in fp32.
 TEST(ModernBert, ActivationCheckpointingGivesTheSameGradients) {
-  cohort::BertShards data(tiny_data(), "train");
-  auto packed = cohort::pack_bert_rows(data.get_batch(first(24)), data.info().seq_len);
+  cohort::BertShards data(packable_bert_data(), "train");
+  auto packed = cohort::pack_bert_rows(data.get_batch(first_ids(24)), data.info().seq_len);
   auto c = tiny(0.1);
   c.init_range = 0.2;
   torch::manual_seed(3);
@@ -267,7 +253,7 @@ const std::string kTrain =
 // activation checkpointing and the optimizer state sharded.
 TEST(ModernBert, TrainsTheSameCurvePackedAndOnAnyWorldSize) {
   TempDir tmp;
-  const std::string args = kTrain + tiny_data() + " --train.max-steps 6";
+  const std::string args = kTrain + packable_bert_data() + " --train.max-steps 6";
   auto plain = run_cohort(args + " --out " + (tmp / "plain"));
   auto packed = run_cohort(args + " --data.pack --out " + (tmp / "packed"));
   auto packed2 = run_cohort(args + " --data.pack --nproc-per-node 2 --oversubscribe --train.activation-checkpointing "
@@ -291,7 +277,7 @@ TEST(ModernBert, TrainsTheSameCurvePackedAndOnAnyWorldSize) {
 // through, bit for bit (fp32, dropout on).
 TEST(ModernBert, ResumesBitIdentically) {
   TempDir tmp;
-  const std::string args = kTrain + tiny_data() + " --data.pack --ckpt.every-steps 3 --optim.schedule constant";
+  const std::string args = kTrain + packable_bert_data() + " --data.pack --ckpt.every-steps 3 --optim.schedule constant";
   auto through = run_cohort(args + " --train.max-steps 6 --out " + (tmp / "through"));
   auto part = run_cohort(args + " --train.max-steps 3 --out " + (tmp / "part"));
   ASSERT_EQ(through.code, 0) << through.err;
@@ -311,14 +297,14 @@ TEST(ModernBert, ConfigurationsThatCannotWorkAreRefusedInOneLine) {
     EXPECT_NE(r.err.find(says), std::string::npos) << r.err;
   };
   // No NSP head.
-  expect_usage(run_cohort("train --train.task bert-pretrain --model.name modernbert --data.path " + tiny_data() +
+  expect_usage(run_cohort("train --train.task bert-pretrain --model.name modernbert --data.path " + packable_bert_data() +
                           " --out " + (tmp / "a")),
                "set task.nsp false");
   // A ModernBERT key on BERT, and BERT's segments on ModernBERT, have no effect.
   expect_usage(run_cohort("train --train.task bert-pretrain --model.name bert --model.local-attention 64 "
-                          "--data.path " + tiny_data() + " --out " + (tmp / "b")),
+                          "--data.path " + packable_bert_data() + " --out " + (tmp / "b")),
                "model.local-attention applies to model.name modernbert");
-  expect_usage(run_cohort(kTrain + tiny_data() + " --model.type-vocab 3 --out " + (tmp / "c")),
+  expect_usage(run_cohort(kTrain + packable_bert_data() + " --model.type-vocab 3 --out " + (tmp / "c")),
                "model.type-vocab applies to model.name bert");
   // model.init's config.json sets the architecture: a size key would be ignored.
   cohort::ModernBertConfig c = tiny(0);
@@ -327,11 +313,11 @@ TEST(ModernBert, ConfigurationsThatCannotWorkAreRefusedInOneLine) {
   std::filesystem::create_directories(hf);
   cohort::save_safetensors(hf + "/model.safetensors", cohort::module_tensors(*model), {});
   cohort::test::write_file(hf + "/config.json", c.to_hf("ModernBertForMaskedLM").dump());
-  expect_usage(run_cohort(kTrain + tiny_data() + " --model.init " + hf + " --out " + (tmp / "d")),
+  expect_usage(run_cohort(kTrain + packable_bert_data() + " --model.init " + hf + " --out " + (tmp / "d")),
                "model.hidden has no effect: model.init's");
   // Without them, it trains from the file.
   auto ok = run_cohort("train --train.task bert-pretrain --model.name modernbert --task.nsp=false --model.init " + hf +
-                       " --train.max-steps 2 --data.global-batch 8 --quiet --data.path " + tiny_data() + " --out " +
+                       " --train.max-steps 2 --data.global-batch 8 --quiet --data.path " + packable_bert_data() + " --out " +
                        (tmp / "e"));
   EXPECT_EQ(ok.code, 0) << ok.err;
   EXPECT_NE(read_file(tmp / "e/hf-config.json").find("\"local_attention\": 8"), std::string::npos);

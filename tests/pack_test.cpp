@@ -12,32 +12,19 @@
 #include "cohort/model/dropout.hpp"
 #include "cohort/train/optimization/precision.hpp"
 #include "helpers.hpp"
+#include "tensor_helpers.hpp"
 
 using cohort::test::read_file;
 using cohort::test::run_cohort;
 using cohort::test::TempDir;
 
+using cohort::test::first_ids;
+using cohort::test::max_abs;
+using cohort::test::packable_bert_data;
+
 namespace {
 
 namespace F = torch::nn::functional;
-
-// One tiny prepared BERT dataset for the whole file: rows of 128, instances
-// of a document (about 35 tokens) each, so that three or so fit in a row.
-const std::string& tiny_data() {
-  static TempDir dir;
-  static std::string path = [] {
-    auto r = cohort::test::prepare_tiny_bert(dir, 128);
-    if (r.code != 0) throw std::runtime_error("prepare failed: " + r.err);
-    return dir / "data";
-  }();
-  return path;
-}
-
-std::vector<int64_t> first(int64_t n) {
-  std::vector<int64_t> v(static_cast<size_t>(n));
-  std::iota(v.begin(), v.end(), 0);
-  return v;
-}
 
 struct Losses {
   torch::Tensor mlm, nsp;
@@ -63,13 +50,11 @@ cohort::BertConfig tiny_bert(int64_t layers, int64_t max_positions) {
   return cfg;
 }
 
-double max_abs(const torch::Tensor& t) { return t.abs().max().item<double>(); }
-
 }  // namespace
 
 TEST(Pack, RowsHoldEveryInstanceOnceWithoutCrossing) {
-  cohort::BertShards data(tiny_data(), "train");
-  auto batch = data.get_batch(first(24));
+  cohort::BertShards data(packable_bert_data(), "train");
+  auto batch = data.get_batch(first_ids(24));
   const int64_t row_len = data.info().seq_len;
   auto packed = cohort::pack_bert_rows(batch, row_len);
   const auto& ids = packed.at("input_ids");
@@ -114,7 +99,7 @@ std::vector<torch::Tensor> grads_of(cohort::BertForPretraining& model, const coh
   for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
   {
     std::optional<cohort::DropoutRows> rows;
-    if (dropout_rows) rows.emplace(11, 4, first(b.at("next_sentence_labels").size(0)));
+    if (dropout_rows) rows.emplace(11, 4, first_ids(b.at("next_sentence_labels").size(0)));
     l = losses(model, b);
   }
   (l.mlm + l.nsp).backward();
@@ -138,8 +123,8 @@ void expect_same(cohort::BertForPretraining& model, const Losses& a, const std::
 // The packed batch computes what the unpacked one does: the same MLM and NSP
 // loss sums and the same gradients (fp32, within 1e-5).
 TEST(Pack, PackedBatchGivesTheSameLossesAndGradients) {
-  cohort::BertShards data(tiny_data(), "train");
-  auto batch = data.get_batch(first(24));
+  cohort::BertShards data(packable_bert_data(), "train");
+  auto batch = data.get_batch(first_ids(24));
   auto packed = cohort::pack_bert_rows(batch, data.info().seq_len);
   ASSERT_LT(packed.at("input_ids").size(0), 24);
   torch::manual_seed(3);
@@ -158,8 +143,8 @@ TEST(Pack, PackedBatchGivesTheSameLossesAndGradients) {
 // residual outputs), per-sample masks follow each instance into its packed
 // row: the same losses and gradients again.
 TEST(Pack, PerSampleDropoutMasksFollowInstancesIntoPackedRows) {
-  cohort::BertShards data(tiny_data(), "train");
-  auto batch = data.get_batch(first(24));
+  cohort::BertShards data(packable_bert_data(), "train");
+  auto batch = data.get_batch(first_ids(24));
   auto packed = cohort::pack_bert_rows(batch, data.info().seq_len);
   auto cfg = tiny_bert(2, 128);
   cfg.hidden_dropout = 0.1;
@@ -184,7 +169,7 @@ TEST(Pack, TrainingWithPackKeepsTheLossCurveAtAnyWorldSize) {
   const std::string args = " train --train.task bert-pretrain --model.name bert --model.hidden 32 --model.layers 2 "
                            "--model.heads 4 --model.intermediate 64 --model.max-positions 128 --model.dropout 0.1 "
                            "--model.attention-dropout 0.1 --data.global-batch 16 --train.max-steps 6 "
-                           "--log.every-steps 1 --quiet --data.path " + tiny_data();
+                           "--log.every-steps 1 --quiet --data.path " + packable_bert_data();
   auto plain = run_cohort(args + " --out " + (tmp / "plain"));
   auto packed = run_cohort(args + " --data.pack --out " + (tmp / "packed"));
   auto packed2 = run_cohort(args + " --data.pack --nproc-per-node 2 --oversubscribe --out " + (tmp / "packed2"));
@@ -203,7 +188,7 @@ TEST(Pack, TrainingWithPackKeepsTheLossCurveAtAnyWorldSize) {
   {  // the data does pack: a global batch's 16 instances take fewer rows
     cohort::BertShardsOptions o;
     o.pack = true;
-    EXPECT_LT(cohort::BertShards(tiny_data(), "train", o).get_batch(first(16)).at("input_ids").size(0), 8);
+    EXPECT_LT(cohort::BertShards(packable_bert_data(), "train", o).get_batch(first_ids(16)).at("input_ids").size(0), 8);
   }
   ASSERT_EQ(a.size(), 6u);
   ASSERT_EQ(b.size(), 6u);

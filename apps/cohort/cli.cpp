@@ -20,6 +20,7 @@
 #include "cohort/config/config.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/version.hpp"
+#include "cohort/device/cpu_block_cache.hpp"
 #include "cohort/distributed/world.hpp"
 #include "cohort/train/lifecycle/runtime.hpp"
 #include "cohort/train/lifecycle/stop.hpp"
@@ -110,6 +111,12 @@ void configure_process(const TrainOptions& opts, const World& world) {
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
   mallopt(M_TOP_PAD, 64 << 20);
+  // Blocks above the threshold are still fresh mmaps each step (a ModernBERT
+  // step's GeGLU inputs and logits): libtorch's CPU tensors keep them for
+  // reuse instead, within the peak of their live bytes
+  // (device/cpu_block_cache.hpp: a bf16 ModernBERT step at 512 tokens ran at
+  // 13.0k tokens/s instead of 11.5k here, its peak memory 4% higher).
+  CpuBlockCache::install(32 << 20);
   // libtorch's default can be 1 (cpuinfo counts one physical core), so set it.
   int cores = available_cores();
   torch::set_num_threads(opts.threads > 0 ? opts.threads : std::max(1, cores / std::max(1, world.local_world_size)));

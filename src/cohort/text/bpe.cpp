@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "cohort/core/error.hpp"
+#include "cohort/text/utf8.hpp"
 
 namespace cohort::text {
 
@@ -79,24 +80,6 @@ std::vector<uint32_t> decode(std::string_view s) {
     i += static_cast<size_t>(len);
   }
   return out;
-}
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
 }
 
 std::string encode_utf8(const uint32_t* cps, size_t n) {
@@ -467,22 +450,25 @@ std::vector<int32_t> ByteLevelBpe::bpe_word(const std::string& word) const {
   return symbols;
 }
 
-// Splits `text` (code points as UTF-8) on the added tokens of this pass:
-// those matched in the raw text (normalized_pass false) or in the normalized
-// text. Leftmost-longest, as tokenizers' AddedVocabulary; a match's ids go
-// straight to `ids_out` in order, through the pieces returned as (true, "")
-// markers; the text between matches is returned as (false, text).
-std::vector<std::pair<bool, std::string>> ByteLevelBpe::split_added(const std::string& text, bool normalized_pass,
-                                                                    std::vector<int32_t>& ids_out) const {
-  std::vector<std::pair<bool, std::string>> out;
+// Splits the code points `cps` on the added tokens of this pass: those
+// matched in the raw text (normalized_pass false) or in the normalized text.
+// Leftmost-longest, as tokenizers' AddedVocabulary; a match's ids go
+// straight to `ids_out` in order, through the pieces returned as (true, {})
+// markers; the text between matches is returned as (false, code points).
+std::vector<std::pair<bool, std::vector<uint32_t>>> ByteLevelBpe::split_added(const std::vector<uint32_t>& cps,
+                                                                             bool normalized_pass,
+                                                                             std::vector<int32_t>& ids_out) const {
+  std::vector<std::pair<bool, std::vector<uint32_t>>> out;
   std::vector<const Added*> candidates;
   for (const auto& a : added_)
     if (a.normalized == normalized_pass) candidates.push_back(&a);
   if (candidates.empty()) {
-    out.emplace_back(false, text);
+    out.emplace_back(false, cps);
     return out;
   }
-  const std::vector<uint32_t> cps = decode(text);
+  auto between = [&](size_t b, size_t e) {
+    return std::vector<uint32_t>(cps.begin() + static_cast<std::ptrdiff_t>(b), cps.begin() + static_cast<std::ptrdiff_t>(e));
+  };
   std::vector<std::vector<uint32_t>> contents;
   for (const auto* a : candidates) contents.push_back(decode(a->content));
   size_t done = 0;  // code points consumed
@@ -511,13 +497,13 @@ std::vector<std::pair<bool, std::string>> ByteLevelBpe::split_added(const std::s
       while (start > done && is_space(cps[start - 1])) --start;
     if (a.rstrip)
       while (stop < cps.size() && is_space(cps[stop])) ++stop;
-    if (start > done) out.emplace_back(false, encode_utf8(cps.data() + done, start - done));
-    out.emplace_back(true, std::string());
+    if (start > done) out.emplace_back(false, between(done, start));
+    out.emplace_back(true, std::vector<uint32_t>());
     ids_out.push_back(a.id);
     done = stop;
     i = std::max(stop, i + best_len);
   }
-  if (done < cps.size()) out.emplace_back(false, encode_utf8(cps.data() + done, cps.size() - done));
+  if (done < cps.size()) out.emplace_back(false, between(done, cps.size()));
   return out;
 }
 
@@ -526,25 +512,22 @@ std::vector<int32_t> ByteLevelBpe::encode(std::string_view text, bool add_specia
   if (add_special_tokens) ids = before_;
   // Raw-text added tokens first; each rest normalized, then the normalized added tokens.
   std::vector<int32_t> raw_ids;
-  const std::vector<uint32_t> all = decode(text);
-  auto raw = split_added(encode_utf8(all.data(), all.size()), false, raw_ids);
+  auto raw = split_added(decode(text), false, raw_ids);
   size_t next_raw = 0;
-  for (const auto& [is_added, segment] : raw) {
+  for (auto& [is_added, cps] : raw) {
     if (is_added) {
       ids.push_back(raw_ids[next_raw++]);
       continue;
     }
-    std::vector<uint32_t> cps = decode(segment);
     for (auto n : normalizers_) cps = n == Normalization::kNfc ? nfc(cps) : nfd(cps);
     std::vector<int32_t> normalized_ids;
-    auto parts = split_added(encode_utf8(cps.data(), cps.size()), true, normalized_ids);
+    auto parts = split_added(cps, true, normalized_ids);
     size_t next_normalized = 0;
-    for (const auto& [part_added, part] : parts) {
+    for (auto& [part_added, p] : parts) {
       if (part_added) {
         ids.push_back(normalized_ids[next_normalized++]);
         continue;
       }
-      std::vector<uint32_t> p = decode(part);
       if (add_prefix_space_ && !p.empty() && p[0] != ' ') p.insert(p.begin(), ' ');  // tokenizers: starts_with(' ')
       std::vector<std::pair<size_t, size_t>> pieces;
       if (use_regex_) {

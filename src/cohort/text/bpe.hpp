@@ -72,8 +72,9 @@ class ByteLevelBpe {
  private:
   static ByteLevelBpe parse(const std::string& text, const std::string& what);
   std::vector<int32_t> bpe_word(const std::string& byte_chars) const;
-  std::vector<std::pair<bool, std::string>> split_added(const std::string& text, bool normalized_pass,
-                                                        std::vector<int32_t>& ids_out) const;
+  std::vector<std::pair<bool, std::vector<uint32_t>>> split_added(const std::vector<uint32_t>& cps,
+                                                                   bool normalized_pass,
+                                                                   std::vector<int32_t>& ids_out) const;
 
   std::vector<std::string> tokens_;
   std::unordered_map<std::string, int32_t> ids_;

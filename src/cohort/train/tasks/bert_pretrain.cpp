@@ -295,9 +295,7 @@ class BertPretrainTask : public Task {
 
   // A config that cannot fit its data fails here, before any step.
   void check_against_data(int64_t data_vocab) const {
-    const struct {
-      int64_t vocab_size, max_positions;
-    } bc{model_->vocab_size(), model_->max_positions()};
+    const int64_t model_vocab = model_->vocab_size(), max_positions = model_->max_positions();
     const auto& info = train_->info();
     COHORT_CHECK(info.masked || shard_opts_.masking, ConfigError, "the shards under ", dir_,
                  " carry no masks (cohort prepare --masking none): set task.masking dynamic");
@@ -306,23 +304,23 @@ class BertPretrainTask : public Task {
     if (shard_opts_.masking) {
       // Masking reads the special ids and ## pieces from this file: it must be the shards'.
       const auto vocab = static_cast<int64_t>(shard_opts_.masking->vocab().continuation.size());
-      COHORT_CHECK(data_vocab <= 0 ? vocab <= bc.vocab_size : vocab == data_vocab, ConfigError, vocab_path_,
+      COHORT_CHECK(data_vocab <= 0 ? vocab <= model_vocab : vocab == data_vocab, ConfigError, vocab_path_,
                    " holds ", vocab, " tokens but ",
                    data_vocab > 0 ? detail::cat("the shards under ", dir_, " were made with ", data_vocab)
-                                  : detail::cat("the model's vocabulary is ", bc.vocab_size),
+                                  : detail::cat("the model's vocabulary is ", model_vocab),
                    ": is it the vocabulary the shards were made with? (data.vocab)");
     }
-    COHORT_CHECK(info.seq_len <= bc.max_positions, ConfigError, "model.max-positions is ", bc.max_positions,
+    COHORT_CHECK(info.seq_len <= max_positions, ConfigError, "model.max-positions is ", max_positions,
                  " but the shards under ", dir_, " hold sequences of length ", info.seq_len);
-    COHORT_CHECK(data_vocab <= 0 || data_vocab <= bc.vocab_size, ConfigError, "model.vocab-size is ",
-                 bc.vocab_size, " but the data under ", dir_, " was made with a vocabulary of ", data_vocab);
+    COHORT_CHECK(data_vocab <= 0 || data_vocab <= model_vocab, ConfigError, "model.vocab-size is ",
+                 model_vocab, " but the data under ", dir_, " was made with a vocabulary of ", data_vocab);
     // Shards without a manifest: look at the first rows' ids and targets.
     std::vector<int64_t> first;
     for (int64_t i = 0; i < std::min<int64_t>(train_->size(), 256); ++i) first.push_back(i);
     if (first.empty()) return;
     Example head = train_->get_batch(first);
     int64_t max_id = head.at("input_ids").max().item<int64_t>();
-    COHORT_CHECK(max_id < bc.vocab_size, ConfigError, "model.vocab-size is ", bc.vocab_size,
+    COHORT_CHECK(max_id < model_vocab, ConfigError, "model.vocab-size is ", model_vocab,
                  " but the shards under ", dir_, " hold token id ", max_id);
     COHORT_CHECK(shard_opts_.masking || head.at("masked_lm_ids").ge(0).any().item<bool>(), ConfigError, "the first ",
                  first.size(), " rows of the shards under ", dir_,
