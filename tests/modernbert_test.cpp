@@ -137,36 +137,41 @@ TEST(ModernBert, PackedRowsGiveTheLossAndGradientsOfTheirRowsApart) {
 TEST(ModernBert, ActivationCheckpointingGivesTheSameGradients) {
   cohort::BertShards data(packable_bert_data(), "train");
   auto packed = cohort::pack_bert_rows(data.get_batch(first_ids(24)), data.info().seq_len);
-  auto c = tiny(0.1);
-  c.init_range = 0.2;
-  torch::manual_seed(3);
-  cohort::ModernBertForMaskedLM kept(c);
-  c.checkpoint_layers = true;
-  cohort::ModernBertForMaskedLM recomputed(c);
-  {
-    torch::NoGradGuard no_grad;
-    auto from = kept->parameters(), to = recomputed->parameters();
-    for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+  // With dropout the sliding layers attend over the whole row (their
+  // probabilities take per-sample masks); without, by blocks.
+  for (double dropout : {0.1, 0.0}) {
+    SCOPED_TRACE(dropout > 0 ? "dropout 0.1" : "no dropout");
+    auto c = tiny(dropout);
+    c.init_range = 0.2;
+    torch::manual_seed(3);
+    cohort::ModernBertForMaskedLM kept(c);
+    c.checkpoint_layers = true;
+    cohort::ModernBertForMaskedLM recomputed(c);
+    {
+      torch::NoGradGuard no_grad;
+      auto from = kept->parameters(), to = recomputed->parameters();
+      for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+    }
+    kept->train();
+    recomputed->train();
+    std::vector<torch::Tensor> ga, gb;
+    auto a = loss_and_grads(kept, packed, ga), b = loss_and_grads(recomputed, packed, gb);
+    EXPECT_EQ(a.item<double>(), b.item<double>());
+    auto names = kept->named_parameters().keys();
+    for (size_t i = 0; i < ga.size(); ++i) EXPECT_TRUE(ga[i].equal(gb[i])) << names[i];
+    // Under bf16 autocast the recomputation runs in bf16 as the forward did.
+    {
+      at::autocast::set_autocast_enabled(c10::DeviceType::CPU, true);
+      at::autocast::set_autocast_dtype(c10::DeviceType::CPU, torch::kBFloat16);
+      a = loss_and_grads(kept, packed, ga);
+      b = loss_and_grads(recomputed, packed, gb);
+      at::autocast::set_autocast_enabled(c10::DeviceType::CPU, false);
+      at::autocast::clear_cache();
+    }
+    EXPECT_EQ(a.item<double>(), b.item<double>());
+    for (size_t i = 0; i < ga.size(); ++i)
+      EXPECT_LE(max_abs(ga[i] - gb[i]), 1e-6 * std::max(1.0, max_abs(ga[i]))) << names[i];
   }
-  kept->train();
-  recomputed->train();
-  std::vector<torch::Tensor> ga, gb;
-  auto a = loss_and_grads(kept, packed, ga), b = loss_and_grads(recomputed, packed, gb);
-  EXPECT_EQ(a.item<double>(), b.item<double>());
-  auto names = kept->named_parameters().keys();
-  for (size_t i = 0; i < ga.size(); ++i) EXPECT_TRUE(ga[i].equal(gb[i])) << names[i];
-  // Under bf16 autocast the recomputation runs in bf16 as the forward did.
-  {
-    at::autocast::set_autocast_enabled(c10::DeviceType::CPU, true);
-    at::autocast::set_autocast_dtype(c10::DeviceType::CPU, torch::kBFloat16);
-    a = loss_and_grads(kept, packed, ga);
-    b = loss_and_grads(recomputed, packed, gb);
-    at::autocast::set_autocast_enabled(c10::DeviceType::CPU, false);
-    at::autocast::clear_cache();
-  }
-  EXPECT_EQ(a.item<double>(), b.item<double>());
-  for (size_t i = 0; i < ga.size(); ++i)
-    EXPECT_LE(max_abs(ga[i] - gb[i]), 1e-6 * std::max(1.0, max_abs(ga[i]))) << names[i];
 }
 
 // The sliding window acts: a token's change reaches a query beyond the
