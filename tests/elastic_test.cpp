@@ -235,6 +235,36 @@ TEST(Elastic, LocalStepsGoOnFromTheLastSync) {
   expect_every_sample_once(tmp / "run", 240, 3);
 }
 
+// ModernBERT (packed rows, activation checkpointing, dropout on) loses host
+// 2 mid-run: the survivors go on from rank 0's memory at the step they
+// reached, every step logged once, every sample once per epoch.
+TEST(Elastic, ModernBertGoesOnWithoutALostHost) {
+  NetnsHosts net(3, 237);
+  if (!net.ok()) GTEST_SKIP() << "SKIPPED: network namespaces need root and iproute2";
+  TempDir tmp;
+  const std::string data = cohort::test::packable_bert_data();
+  const std::string args = cohort::strf(
+      " train --train.task bert-pretrain --model.name modernbert --model.hidden 32 --model.layers 4 "
+      "--model.heads 4 --model.intermediate 48 --model.max-positions 128 --model.local-attention 8 "
+      "--model.dropout 0.1 --model.attention-dropout 0.1 --task.nsp=false --data.pack "
+      "--train.activation-checkpointing --data.global-batch 8 --train.epochs 2 "
+      "--train.precision fp32 --log.every-steps 1 --log.sample-ids --dist.timeout 30 --init-method tcp://%s:%d "
+      "--nnodes 3 --min-nodes 2 --quiet --data.path %s --out %s",
+      net.address(0).c_str(), 29649, data.c_str(), (tmp / "run").c_str());
+  ASSERT_NO_FATAL_FAILURE(lose_host_two(net, tmp, args));
+  const std::string metrics = tmp / "run/metrics.jsonl";
+  auto changes = lines_of_kind(metrics, "membership");
+  ASSERT_EQ(changes.size(), 1u) << read_file(metrics);
+  EXPECT_EQ(changes[0]["state"], "memory") << changes[0].dump();
+  EXPECT_GE(changes[0]["step"].get<int64_t>(), 10) << changes[0].dump();
+  std::set<int64_t> steps;
+  for (const auto& j : lines_of_kind(metrics, "train")) EXPECT_TRUE(steps.insert(j["step"].get<int64_t>()).second);
+  const int64_t samples =
+      nlohmann::json::parse(read_file(data + "/manifest.json"))["splits"]["train"]["rows"].get<int64_t>();
+  EXPECT_EQ(static_cast<int64_t>(steps.size()), 2 * ((samples + 7) / 8));
+  expect_every_sample_once(tmp / "run", samples, 2);
+}
+
 // A host lost mid-run joins again: the world shrinks to two and grows back
 // to three, and no sample is lost or repeated.
 TEST(Elastic, HostJoinsMidRunAndTheWorldGrowsBack) {

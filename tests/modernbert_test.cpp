@@ -1,8 +1,9 @@
 // model.name modernbert: Hugging Face's names, packed rows that compute what
 // their rows apart do (rotary positions and the sliding window restart), the
 // same loss curve packed or not and on any world size with dropout on, exact
-// resume, and the configuration's refusals. Its logits against
-// transformers' are oracle.hf_modernbert's.
+// resume, the slow-link modes, and the configuration's refusals. Its logits
+// against transformers' are oracle.hf_modernbert's; a host lost mid-run,
+// Elastic.ModernBertGoesOnWithoutALostHost.
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -276,6 +277,33 @@ TEST(ModernBert, TrainsTheSameCurvePackedAndOnAnyWorldSize) {
     EXPECT_NEAR(b[i], c[i], 1e-4 * b[i]) << "step " << i + 1;
   }
   EXPECT_LT(a.back(), a.front()) << "the loss did not fall";
+}
+
+// The slow-link modes hold for it as they do for BERT: 2 islands of 2 ranks
+// (exact and sharded inside each, local steps between) train as 2 flat
+// ranks with local steps, and PowerSGD between 2 islands of 2 as flat
+// PowerSGD on 2 ranks (dropout on, packed rows).
+TEST(ModernBert, IslandsAndPowerSgdTrainAsTheirFlatForms) {
+  TempDir tmp;
+  const std::string args = kTrain + packable_bert_data() + " --data.pack --train.max-steps 6 --oversubscribe";
+  const std::string local = " --dist.sync local --dist.local-steps 2";
+  const std::string powersgd = " --dist.grad-compression powersgd --dist.powersgd-rank 2";
+  struct Pair {
+    std::string name, flat, islands;
+  };
+  for (const Pair& p : {Pair{"local", " --nproc-per-node 2 --dist.islands rank" + local,
+                             " --nproc-per-node 4 --dist.islands 2 --dist.shard optimizer" + local},
+                        Pair{"powersgd", " --nproc-per-node 2" + powersgd, " --nproc-per-node 4 --dist.islands 2" + powersgd}}) {
+    auto flat = run_cohort(args + p.flat + " --out " + (tmp / (p.name + "-flat")));
+    auto islands = run_cohort(args + p.islands + " --out " + (tmp / (p.name + "-islands")));
+    ASSERT_EQ(flat.code, 0) << p.name << ": " << flat.err;
+    ASSERT_EQ(islands.code, 0) << p.name << ": " << islands.err;
+    auto a = cohort::test::train_losses(tmp / (p.name + "-flat")), b = cohort::test::train_losses(tmp / (p.name + "-islands"));
+    ASSERT_EQ(a.size(), 6u) << p.name;
+    ASSERT_EQ(b.size(), 6u) << p.name;
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * a[i]) << p.name << ", step " << i + 1;
+    EXPECT_LT(b.back(), b.front()) << p.name << ": the loss did not fall";
+  }
 }
 
 // A run stopped at step 3 and resumed ends with the weights of one that ran
