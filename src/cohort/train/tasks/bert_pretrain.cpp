@@ -26,6 +26,7 @@
 #include "cohort/data/masking.hpp"
 #include "cohort/distributed/world.hpp"
 #include "cohort/model/bert.hpp"
+#include "cohort/model/cross_entropy.hpp"
 #include "cohort/model/modernbert.hpp"
 #include "cohort/text/hf_tokenizer.hpp"
 #include "cohort/text/wordpiece.hpp"
@@ -102,17 +103,6 @@ std::string data_vocab_path(const Config& cfg) {
   return std::filesystem::exists(beside) ? beside.string() : std::string();
 }
 
-
-// How many rows' first largest logit is their label's (argmax(1) == labels,
-// summed). On the CPU argmax is a scalar loop over every logit, 3% of a
-// ModernBERT step at 8,192 tokens of vocabulary; only rows whose label's
-// logit reaches the row's largest (a vectorised reduction) can count, so
-// argmax searches those alone.
-torch::Tensor top1_hits(const torch::Tensor& logits, const torch::Tensor& labels) {
-  if (!logits.is_cpu()) return logits.argmax(1).eq(labels).sum();
-  auto rows = logits.gather(1, labels.unsqueeze(1)).squeeze(1).ge(logits.amax(1)).nonzero().squeeze(1);
-  return logits.index_select(0, rows).argmax(1).eq(labels.index_select(0, rows)).sum();
-}
 
 class BertPretrainTask : public Task {
  public:
@@ -225,13 +215,12 @@ class BertPretrainTask : public Task {
     BertOutputs out = model_->forward(BertBatch::from(b));
     const auto& nsp_labels = b.at("next_sentence_labels");
     auto sum = F::CrossEntropyFuncOptions().reduction(torch::kSum);
-    auto mlm_logits = out.mlm_logits.to(torch::kFloat32);
-    auto mlm = F::cross_entropy(mlm_logits, out.mlm_labels, sum);
+    CrossEntropySum mlm = cross_entropy_sum(out.mlm_logits, out.mlm_labels);  // in fp32
     TaskOutput r;
-    r.loss_sums = {mlm};
+    r.loss_sums = {mlm.loss};
     double m = static_cast<double>(out.mlm_labels.size(0)), n = static_cast<double>(nsp_labels.size(0));
-    r.tally.add("mlm_loss", mlm, m);
-    r.tally.add("mlm_accuracy", top1_hits(mlm_logits, out.mlm_labels), m);
+    r.tally.add("mlm_loss", mlm.loss, m);
+    r.tally.add("mlm_accuracy", mlm.hits, m);
     if (!nsp_) {
       r.tally.add("sequences", n, n);
       return r;
