@@ -27,8 +27,9 @@ Pass run(bool fused, const torch::Tensor& logits, const torch::Tensor& labels, d
   auto x = logits.detach().clone().requires_grad_(true);
   CrossEntropySum r = fused ? cross_entropy_sum(x, labels) : cross_entropy_sum_unfused(x, labels);
   EXPECT_EQ(r.loss.scalar_type(), torch::kFloat);
-  if (fused && logits.scalar_type() == torch::kBFloat16)  // the fused node, not the unfused ops
+  if (fused && logits.scalar_type() == torch::kBFloat16) {  // the fused node, not the unfused ops
     EXPECT_NE(r.loss.grad_fn()->name().find("CrossEntropyFunction"), std::string::npos) << r.loss.grad_fn()->name();
+  }
   (r.loss * scale).backward();
   return {r.loss.item<double>(), r.hits.item<int64_t>(), x.grad()};
 }

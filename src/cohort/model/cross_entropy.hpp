@@ -10,7 +10,7 @@
 // vocabulary (8% of a ModernBERT step at 8,192 tokens of vocabulary). On the
 // CPU, for bf16 logits, it is one pass forward and one backward, in fp32,
 // keeping only the logits and one log-sum-exp a row. Its exp is a
-// polynomial of its own (about 2 ulp from libm's), so the loss agrees with
+// polynomial of its own (model/fast_math.hpp), so the loss agrees with
 // the unfused ops to about 1e-6 relative and the gradient to bf16's
 // rounding, not bit for bit; fp32 logits (the oracles' precision) and other
 // devices take the unfused ops.
