@@ -103,7 +103,6 @@ std::string data_vocab_path(const Config& cfg) {
   return std::filesystem::exists(beside) ? beside.string() : std::string();
 }
 
-
 class BertPretrainTask : public Task {
  public:
   BertPretrainTask(const Config& cfg, const World& world)
