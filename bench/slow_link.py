@@ -41,7 +41,9 @@ batch, constant learning rate, AdamW, clipping, bf16 autocast) with:
 
 and prints per method and link: steps per second, bytes on the wire per step
 (host 0's interface counters, both directions, start-up and the final
-checkpoint included), the validation loss (the first --eval-rows rows of the
+checkpoint included), the same in steady state ("steady": between the first
+logged step and the last one a whole number of sync windows later, before
+the final step; evaluations in between count), the validation loss (the first --eval-rows rows of the
 valid split) at fixed steps, and the training wall time to reach the
 validation loss exact training reaches at step N = --target-step (evaluation
 time excluded; linear between evaluations; "-" when not reached). Exact
@@ -295,9 +297,55 @@ def cohort_curve(run_dir):
     return curve
 
 
+def logged_lines(proc, path):
+    """Lines of `path` as the process appends them (Cohort's metrics.jsonl),
+    or of its stdout when path is None (the peer's), until it exits."""
+    if path is None:
+        yield from proc.stdout
+        return
+    pos, buf = 0, ""
+    while True:
+        done = proc.poll() is not None
+        if os.path.exists(path):
+            with open(path) as f:
+                f.seek(pos)
+                buf += f.read()
+                pos = f.tell()
+            *complete, buf = buf.split("\n")
+            yield from complete
+        if done:
+            return
+        time.sleep(0.05)
+
+
+def steady_wire(marks, period, last_step):
+    """Bytes per step on host 0's link between two logged steps, past
+    start-up and before the final step's sync and checkpoint: from the first
+    mark to the furthest one a whole number of `period`s (the sync window)
+    later. None when no two marks fit."""
+    marks = [(s, b) for s, b in marks if s < last_step]
+    if len(marks) < 2:
+        return None
+    a, a_bytes = marks[0]
+    spans = [(s, b) for s, b in marks[1:] if (s - a) % period == 0]
+    if not spans:
+        return None
+    s, b = spans[-1]
+    return (b - a_bytes) / (s - a)
+
+
+def sync_period(method):
+    """Steps between the syncs of one fragment (1 for every-step methods)."""
+    parts = method.split("-")
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 1
+
+
 def run_method(args, method, hosts, work):
     out = os.path.join(work, method)
     steps = steps_for(args, method)
+    metrics = None if method.startswith(("ddp", "torchft")) else os.path.join(out + "-node0", "metrics.jsonl")
+    if metrics and os.path.exists(metrics):
+        os.remove(metrics)  # a previous run's: the marks below read the new one as it grows
     before = hosts.bytes(0)
     procs = []
     # Cohort: one launcher per host; the PyTorch peer: one process per rank.
@@ -307,20 +355,36 @@ def run_method(args, method, hosts, work):
         cmd = peer_cmd(args, method, hosts, i, steps) if peer else \
             cohort_cmd(args, method, hosts, i, out + "-node%d" % i, steps)
         log = open(os.path.join(work, "%s.%d.log" % (method, i)), "w")
-        procs.append((subprocess.Popen(hosts.on(host, cmd), stdout=subprocess.PIPE if i == 0 else log, stderr=log,
-                                       text=True), log))
-    lines = procs[0][0].communicate()[0] or ""
+        procs.append((subprocess.Popen(hosts.on(host, cmd), stdout=subprocess.PIPE if i == 0 and peer else log,
+                                       stderr=log, text=True), log))
+    # Host 0's counter as each step is logged (the peer's evaluations,
+    # Cohort's metrics lines), for the steady-state bytes per step.
+    lines, marks = [], []
+    for line in logged_lines(procs[0][0], metrics):
+        lines.append(line)
+        try:
+            j = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(j, dict) and "step" in j and (peer or j.get("kind") == "train"):
+            marks.append((j["step"], hosts.bytes(0)))
     for p, log in procs:
         p.wait()
         log.close()
         if p.returncode != 0:
             raise SystemExit("slow_link: %s failed on a host (exit %d): see %s" % (method, p.returncode, work))
-    wire = (hosts.bytes(0) - before) / steps
+    after = hosts.bytes(0)
+    wire = (after - before) / steps
+    if marks:  # where the rest went: before the first logged step, and after the last
+        print("  %s: %.1f MB on host 0's link until step %d, %.1f MB after step %d (of %d)"
+              % (method, (marks[0][1] - before) / 1e6, marks[0][0], (after - marks[-1][1]) / 1e6, marks[-1][0], steps),
+              flush=True)
     if peer:
-        curve = [(j["step"], j["train_s"], j["loss"]) for j in map(json.loads, lines.splitlines()) if "train_s" in j]
+        curve = [(j["step"], j["train_s"], j["loss"]) for j in map(json.loads, lines) if "train_s" in j]
     else:
         curve = cohort_curve(out + "-node0")
-    return {"method": method, "curve": curve, "wire_per_step": wire}
+    return {"method": method, "curve": curve, "wire_per_step": wire,
+            "steady_wire": steady_wire(marks, sync_period(method), steps)}
 
 
 def time_to(curve, target):
@@ -407,16 +471,18 @@ def main():
                   % (n, args.ranks_per_host, link, ", 2 ms one way" if NETEM else ", no added latency", target,
                      args.target_step))
             half, n_ = args.target_step // 2, args.target_step
-            print("| method | steps/s | MB on the wire/step | eval loss @%d | @%d | @%d | time to target | vs ddp |"
-                  % (half, n_, 2 * n_))
-            print("|---|---|---|---|---|---|---|---|")
+            print("| method | steps/s | MB on the wire/step | steady MB/step | eval loss @%d | @%d | @%d | time to target "
+                  "| vs ddp |" % (half, n_, 2 * n_))
+            print("|---|---|---|---|---|---|---|---|---|")
             for r in results:
                 curve = r["curve"]
                 total_s = curve[-1][1]
                 at = lambda k: next(("%.4f" % l for s, _, l in curve if s >= k), "-")
                 t = time_to(curve, target)
-                print("| %s | %.2f | %.2f | %s | %s | %s | %s | %s |" % (
-                    r["method"], curve[-1][0] / total_s, r["wire_per_step"] / 1e6, at(half), at(n_), at(2 * n_),
+                steady = r["steady_wire"]
+                print("| %s | %.2f | %.2f | %s | %s | %s | %s | %s | %s |" % (
+                    r["method"], curve[-1][0] / total_s, r["wire_per_step"] / 1e6,
+                    "%.2f" % (steady / 1e6) if steady is not None else "-", at(half), at(n_), at(2 * n_),
                     "%.0f s" % t if t else "-", "%.2fx" % (ddp_t / t) if t and ddp_t else "-"), flush=True)
             print(flush=True)
     return 0

@@ -253,6 +253,15 @@ TEST(Islands, TrainAsOneRankEachAndOneStepWindowsAreExactTraining) {
   ASSERT_EQ(q.size(), 12u);
   for (size_t i = 0; i < q.size(); ++i) EXPECT_NEAR(q[i], c[i], 2e-2 * std::abs(c[i])) << "step " << i + 1;
   EXPECT_NE(q[11], c[11]) << "int8 rounds the change";
+  // int4 (a scale per 128 values) with error feedback: coarser, and close.
+  auto int4 = run_cohort(common + outer + " --nproc-per-node 4 --dist.islands 2,2 --dist.local-steps 4 "
+                         "--dist.grad-compression int4 --dist.outer-error-feedback --out " + (tmp / "int4"));
+  ASSERT_EQ(int4.code, 0) << int4.err;
+  EXPECT_NE(int4.out.find("MiB in int4 per sync with error feedback"), std::string::npos) << int4.out;
+  auto h = cohort::test::train_losses(tmp / "int4");
+  ASSERT_EQ(h.size(), 12u);
+  for (size_t i = 0; i < h.size(); ++i) EXPECT_NEAR(h[i], c[i], 2e-2 * std::abs(c[i])) << "int4 step " << i + 1;
+  EXPECT_NE(h[11], q[11]) << "int4 rounds otherwise than int8";
   EXPECT_GT(std::abs(c[5] - a[5]), 1e-6) << "4-step windows drift apart between syncs: not exact training";
 }
 
@@ -320,6 +329,63 @@ TEST(LocalSync, ErrorFeedbackLosesNoPartOfTheChangeForGood) {
   const double without = (last[1] - last[0]).abs().max().item<double>();
   EXPECT_LT(with, 2e-6) << "with error feedback: one bf16 rounding of a step, at most";
   EXPECT_GT(without, 20 * with) << "without: the rounding of every sync adds up";
+}
+
+// Integer wires: each block of values goes as integers of its largest
+// magnitude / levels (int8: 127 per 4096 values; int4: 7 per 128), so one
+// sync misses at most half a level per value, and with error feedback the
+// synced model misses at most one rounding of the change however many
+// syncs ran; without it, a change the wire rounds the same way every window
+// loses the same part at every sync. The ranks move each value by its own
+// step every window (values of many sizes in a block); the reference is
+// the same run in fp32. The bytes each sync sends are the blocks' scales
+// and the packed values.
+TEST(LocalSync, IntegerWiresRoundEachBlockAndFeedBackWhatTheyLeaveOut) {
+  constexpr int kSyncs = 100;
+  struct Wire {
+    Compression wire;
+    double levels;
+    int64_t bytes;  // 272 values: one int8 block, three int4 blocks of 128
+  };
+  for (const Wire w : {Wire{Compression::kInt8, 127, 4 + 272}, Wire{Compression::kInt4, 7, 3 * 4 + 136}}) {
+    std::vector<torch::Tensor> last(3), first(3);  // fp32, the wire, the wire with error feedback
+    torch::manual_seed(7);
+    const torch::Tensor steps = torch::rand({272}).mul_(1e-3);
+    for (int run = 0; run < 3; ++run) {
+      spawn_world(2, [&](Comm& comm) {
+        auto island = comm.split({comm.rank()}, "island/" + std::to_string(comm.rank()));
+        torch::nn::Linear net(16, 16);
+        torch::NoGradGuard no_grad;
+        for (auto& p : net->parameters()) p.fill_(1.0);
+        LocalSyncOptions o;
+        o.every = 1;
+        o.wire = run == 0 ? Compression::kNone : w.wire;
+        o.error_feedback = run == 2;
+        LocalSync sync(*island, comm, *net, o);
+        if (run > 0) EXPECT_EQ(sync.wire_bytes(), w.bytes) << name_of(w.wire);
+        for (int step = 1; step <= kSyncs; ++step) {
+          int64_t at = 0;
+          for (auto& p : net->parameters()) {
+            p.sub_(steps.narrow(0, at, p.numel()).view_as(p));
+            at += p.numel();
+          }
+          EXPECT_TRUE(sync.after_step(step, 1, false));
+          if (step == 1 && comm.rank() == 0) first[static_cast<size_t>(run)] = net->weight.clone();
+        }
+        if (comm.rank() == 0) last[static_cast<size_t>(run)] = net->weight.clone();
+      });
+    }
+    // The weight's 256 values lie in its blocks with the bias's 16; their
+    // largest step is at most 1e-3, so a level is at most 1e-3 / levels.
+    const double level = 1e-3 / w.levels;
+    EXPECT_LE((first[1] - first[0]).abs().max().item<double>(), 0.5 * level + 2e-7) << name_of(w.wire);
+    EXPECT_GT((first[1] - first[0]).abs().max().item<double>(), 0) << name_of(w.wire) << " rounds";
+    const double with = (last[2] - last[0]).abs().max().item<double>();
+    const double without = (last[1] - last[0]).abs().max().item<double>();
+    // (A block's scale then counts the remainder too: a little over a level.)
+    EXPECT_LE(with, 0.6 * level + 2e-6) << name_of(w.wire) << " with error feedback: one rounding, at most";
+    EXPECT_GT(without, 10 * with) << name_of(w.wire) << " without: the rounding of every sync adds up";
+  }
 }
 
 // Each island's inner step keeps everything the exact step has: sharding
@@ -408,7 +474,8 @@ TEST_P(IslandsResume, MidWindowIsBitIdentical) {
 }
 
 std::string resume_case_name(size_t index) {
-  const std::vector<std::string> names = {"Blocking", "Streamed", "StreamedInt8", "StreamedInt8Feedback"};
+  const std::vector<std::string> names = {"Blocking", "Streamed", "StreamedInt8", "StreamedInt8Feedback",
+                                          "StreamedInt4Feedback"};
   return names.at(index);
 }
 
@@ -416,6 +483,8 @@ INSTANTIATE_TEST_SUITE_P(Syncs, IslandsResume,
                          ::testing::Values("", "--dist.outer-fragments 2 --dist.outer-delay 1 --optim.outer-mix 0.5",
                                            "--dist.outer-fragments 2 --dist.outer-delay 1 --dist.grad-compression int8",
                                            "--dist.outer-fragments 2 --dist.outer-delay 1 --dist.grad-compression int8 "
+                                           "--dist.outer-error-feedback",
+                                           "--dist.outer-fragments 2 --dist.outer-delay 1 --dist.grad-compression int4 "
                                            "--dist.outer-error-feedback"),
                          [](const auto& info) { return resume_case_name(info.index); });
 
@@ -445,9 +514,16 @@ TEST(Islands, LayoutsTheWorldCannotHoldAreConfigErrors) {
   auto step = run_cohort("train --model.name mlp --dist.islands node --out /nonexistent");
   EXPECT_EQ(step.code, 2) << step.err;
   EXPECT_NE(step.err.find("dist.islands"), std::string::npos) << step.err;
-  auto int8 = run_cohort("train --model.name mlp --dist.grad-compression int8 --out /nonexistent");
-  EXPECT_EQ(int8.code, 2) << int8.err;
-  EXPECT_NE(int8.err.find("a gradient sum in int8 would wrap"), std::string::npos) << int8.err;
+  for (const std::string wire : {"int8", "int4"}) {
+    auto r = run_cohort("train --model.name mlp --dist.grad-compression " + wire + " --out /nonexistent");
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find("a gradient sum in " + wire + " would wrap"), std::string::npos) << r.err;
+    EXPECT_EQ(cohort::test::lines_of(r.err).size(), 1u) << r.err;
+  }
+  auto inside = run_cohort("train --model.name mlp --dist.sync local --dist.islands 2 --dist.island-compression int4 "
+                           "--nproc-per-node 4 --oversubscribe --out /nonexistent");
+  EXPECT_EQ(inside.code, 2) << inside.err;
+  EXPECT_NE(inside.err.find("dist.island-compression"), std::string::npos) << inside.err;
 }
 
 TEST(LocalSync, PowerSgdWithLocalStepsIsAConfigError) {

@@ -1,5 +1,5 @@
 // defines: DeviceKind, Precision, OptimizerKind, Schedule, Compression, SyncMode, ShardMode, Choices,
-//          BackendKind, Balance, DropoutRng, name_of, parse_choice, choice_list
+//          BackendKind, Balance, DropoutRng, name_of, parse_choice, choice_list, integer_wire, rounding_wire
 //
 // The config keys that take one of a fixed set of words. Each is an enum
 // class with one table of its spellings: the table alone parses the key,
@@ -19,7 +19,7 @@ enum class DeviceKind { kAuto, kCpu, kCuda };              // train.device
 enum class Precision { kFp32, kBf16, kFp16, kAuto };   // train.precision
 enum class OptimizerKind { kAdamW, kLamb, kSgd };          // optim.name
 enum class Schedule { kConstant, kLinear, kCosine, kPoly };  // optim.schedule
-enum class Compression { kNone, kFp32, kBf16, kFp16, kPowerSgd, kInt8 };  // dist.grad-compression
+enum class Compression { kNone, kFp32, kBf16, kFp16, kPowerSgd, kInt8, kInt4 };  // dist.grad-compression
 enum class SyncMode { kStep, kLocal };                 // dist.sync
 enum class ShardMode { kNone, kOptimizer, kGradients };  // dist.shard
 enum class BackendKind { kAuto, kNccl, kGloo };        // dist.backend
@@ -54,13 +54,22 @@ struct Choices<Schedule> {
 };
 template <>
 struct Choices<Compression> {
-  static constexpr std::array<std::pair<Compression, const char*>, 6> table{{{Compression::kNone, "none"},
+  static constexpr std::array<std::pair<Compression, const char*>, 7> table{{{Compression::kNone, "none"},
                                                                              {Compression::kFp32, "fp32"},
                                                                              {Compression::kBf16, "bf16"},
                                                                              {Compression::kFp16, "fp16"},
                                                                              {Compression::kPowerSgd, "powersgd"},
-                                                                             {Compression::kInt8, "int8"}}};
+                                                                             {Compression::kInt8, "int8"},
+                                                                             {Compression::kInt4, "int4"}}};
 };
+
+// Integer wires (int8, int4) quantize the outer sync's parameter change,
+// gathered and added in fp32; a sum in them would wrap.
+constexpr bool integer_wire(Compression c) { return c == Compression::kInt8 || c == Compression::kInt4; }
+// Wires that round what they carry (error feedback has something to keep).
+constexpr bool rounding_wire(Compression c) {
+  return c == Compression::kBf16 || c == Compression::kFp16 || integer_wire(c);
+}
 template <>
 struct Choices<SyncMode> {
   static constexpr std::array<std::pair<SyncMode, const char*>, 2> table{

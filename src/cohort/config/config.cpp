@@ -274,7 +274,8 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
        "gradients summed in fp64, so the sum does not depend on its order: the same at any world size), fp32 (half "
        "none's traffic; the rounding then follows the world size), bf16, fp16, or powersgd (each matrix as a rank-r "
        "product, with error feedback); local sync: the parameter change's dtype (none = fp32; int8 = one byte a value "
-       "and an fp32 scale per 4096, gathered and added in fp32)");
+       "and an fp32 scale per 4096; int4 = half a byte a value and an fp32 scale per 128; both gathered and added in "
+       "fp32)");
   bind("dist.powersgd-rank", c.dist.powersgd_rank, "powersgd: rank of each gradient matrix's approximation");
   bind("dist.sync", c.dist.sync, "step: gradients summed exactly every step (the loss per step does not depend on "
        "the world size); local: each rank steps alone for dist.local-steps, then the ranks average the parameter "
@@ -286,7 +287,7 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("dist.outer-delay", c.dist.outer_delay, "dist.sync = local: inner steps a fragment's sum travels while training "
        "goes on before it is applied (0: each sum blocks); below dist.local-steps / dist.outer-fragments");
   bind("dist.outer-error-feedback", c.dist.outer_error_feedback, "dist.sync = local with dist.grad-compression "
-       "bf16, fp16 or int8: each rank keeps what rounding its change left out and adds it to its next sync's (error "
+       "bf16, fp16, int8 or int4: each rank keeps what rounding its change left out and adds it to its next sync's (error "
        "feedback), so that no part of the change is lost for good");
   bind("dist.islands", c.dist.islands, "dist.sync = local: ranks that train one model exactly together (gradients "
        "summed every step) and meet the other islands in the outer sync: node = one island per node, rank = every "
@@ -948,10 +949,10 @@ const std::vector<InertRule>& inert_rules() {
        [](const Config& c) { return std::string(name_of(c.dist.island_compression)); },
        "applies inside islands of several ranks (dist.sync = local, dist.islands node or sizes); flat local steps and "
        "dist.sync = step have none (use dist.grad-compression): drop the key"},
-      {"dist.outer-error-feedback", [](const Config& c) { return c.dist.outer_error_feedback && (c.dist.sync == SyncMode::kStep || (c.dist.grad_compression != Compression::kBf16 && c.dist.grad_compression != Compression::kFp16 && c.dist.grad_compression != Compression::kInt8)); },
+      {"dist.outer-error-feedback", [](const Config& c) { return c.dist.outer_error_feedback && (c.dist.sync == SyncMode::kStep || !rounding_wire(c.dist.grad_compression)); },
        [](Config& c) { c.dist.outer_error_feedback = dist.outer_error_feedback; },
        [](const Config& c) { return std::string(c.dist.outer_error_feedback ? "true" : "false"); },
-       "applies to a rounded outer sync (dist.sync = local with dist.grad-compression bf16, fp16 or int8); an fp32 "
+       "applies to a rounded outer sync (dist.sync = local with dist.grad-compression bf16, fp16, int8 or int4); an fp32 "
        "change loses nothing: set one of those, or drop the key"},
       {"dist.outer-fragments", [](const Config& c) { return c.dist.sync == SyncMode::kStep && c.dist.outer_fragments != dist.outer_fragments; },
        [](Config& c) { c.dist.outer_fragments = dist.outer_fragments; },
@@ -1085,12 +1086,14 @@ void validate(const Config& c) {
                       c.dist.local_steps / std::max<int64_t>(1, c.dist.outer_fragments),
                       "): one fragment travels at a time").c_str());
   require(c.optim.outer_mix >= 0 && c.optim.outer_mix <= 1, "optim.outer-mix", c.optim.outer_mix, "must be in [0, 1]");
-  require(c.dist.sync == SyncMode::kLocal || c.dist.grad_compression != Compression::kInt8, "dist.grad-compression",
-          "int8", "quantizes the outer sync's parameter change (dist.sync = local), gathered and added in fp32; a "
-          "gradient sum in int8 would wrap: use bf16 or powersgd for dist.sync = step");
-  require(c.dist.island_compression != Compression::kPowerSgd && c.dist.island_compression != Compression::kInt8,
+  require(c.dist.sync == SyncMode::kLocal || !integer_wire(c.dist.grad_compression), "dist.grad-compression",
+          name_of(c.dist.grad_compression),
+          detail::cat("quantizes the outer sync's parameter change (dist.sync = local), gathered and added in fp32; "
+                      "a gradient sum in ", name_of(c.dist.grad_compression),
+                      " would wrap: use bf16 or powersgd for dist.sync = step").c_str());
+  require(c.dist.island_compression != Compression::kPowerSgd && !integer_wire(c.dist.island_compression),
           "dist.island-compression", name_of(c.dist.island_compression), "must be none, fp32, bf16 or fp16: an "
-          "island's ranks sum whole gradients every step (int8 would wrap; PowerSGD is for slow links)");
+          "island's ranks sum whole gradients every step (integers would wrap; PowerSGD is for slow links)");
   require(c.dist.sync == SyncMode::kStep || c.dist.grad_compression != Compression::kPowerSgd,
           "dist.grad-compression", "powersgd", "compresses the gradient all-reduce, which dist.sync = local does "
           "not have: use none or bf16 for the parameter change");

@@ -667,6 +667,34 @@ std::vector<torch::Tensor> Comm::all_gather(const torch::Tensor& t, const char* 
   return parts;
 }
 
+std::vector<torch::Tensor> Comm::gather(const torch::Tensor& t, int root, const char* what) {
+  if (!impl_) return {t};
+  // As all_gather: sizes first (to every rank: a few bytes), then every
+  // tensor padded to the longest, to the root alone; on the host (Gloo).
+  auto sizes = all_gather_fixed(torch::tensor({t.dim() ? t.size(0) : 1}, torch::kInt64), what);
+  int64_t longest = 0;
+  for (auto& s : sizes) longest = std::max(longest, s.item<int64_t>());
+  torch::Tensor flat = (t.dim() ? t : t.reshape({1})).to(torch::kCPU);
+  std::vector<int64_t> shape{longest};
+  for (int64_t d = 1; d < flat.dim(); ++d) shape.push_back(flat.size(d));
+  auto padded = torch::zeros(shape, flat.options());
+  if (flat.size(0) > 0) padded.narrow(0, 0, flat.size(0)).copy_(flat);
+  std::vector<std::vector<torch::Tensor>> out;
+  if (rank() == root) {
+    out.emplace_back();
+    for (int r = 0; r < size(); ++r) out[0].push_back(torch::empty_like(padded));
+  }
+  std::vector<torch::Tensor> in{padded};
+  c10d::GatherOptions o;
+  o.rootRank = root;
+  impl_->wait(what, impl_->pg->gather(out, in, o));
+  if (rank() != root) return {};
+  for (size_t r = 0; r < out[0].size(); ++r) {
+    out[0][r] = out[0][r].narrow(0, 0, sizes[r].item<int64_t>()).to(t.device());
+  }
+  return out[0];
+}
+
 std::vector<torch::Tensor> Comm::all_gather_fixed(const torch::Tensor& t, const char* what) {
   std::vector<std::vector<torch::Tensor>> out(1);
   for (int r = 0; r < size(); ++r) out[0].push_back(torch::empty_like(t));

@@ -120,6 +120,10 @@ class Comm {
   void broadcast_bytes(std::string& bytes, int root = 0, const char* what = "broadcast");
   // Every rank's tensor, in rank order. First dimensions may differ.
   std::vector<torch::Tensor> all_gather(const torch::Tensor& t, const char* what = "all_gather");
+  // Every rank's tensor, in rank order, on `root` only (elsewhere: none).
+  // First dimensions may differ. What one rank writes for all (a
+  // checkpoint) crosses each link once, not to every rank.
+  std::vector<torch::Tensor> gather(const torch::Tensor& t, int root = 0, const char* what = "gather");
   // Starts gathering every rank's tensor (the same shape and dtype on every
   // rank); the returned function waits for them, on the host in rank order,
   // and throws DistError like the blocking form.

@@ -401,8 +401,8 @@ std::unique_ptr<BucketReducer> make_bucket_reducer(Comm& comm, GradBuckets& buck
                  "dist.shard = gradients cannot take PowerSGD: its products need each rank's whole gradient");
     return std::make_unique<ReduceToOwner>(comm, buckets, o.compression, *o.sink);
   }
-  COHORT_CHECK(o.compression != Compression::kInt8, ConfigError,
-               "dist.grad-compression int8 quantizes the outer sync's change only (dist.sync = local)");
+  COHORT_CHECK(!integer_wire(o.compression), ConfigError, "dist.grad-compression ", name_of(o.compression),
+               " quantizes the outer sync's change only (dist.sync = local)");
   if (o.inside && o.compression == Compression::kPowerSgd) {
     return std::make_unique<IslandPowerSgd>(*o.inside, *o.across, o.width, buckets, o.powersgd_rank, o.seed);
   }

@@ -22,33 +22,64 @@ constexpr char kInFlightSent[] = "local.in-flight.sent";          // this rank's
 constexpr char kInFlightSamples[] = "local.in-flight.samples";    // this rank's, its island's
 constexpr char kRemainder[] = "local.error-feedback";              // what rounding left out, per value
 
-// int8 on the wire: each block of this many values as one byte each, with
-// an fp32 scale (its largest magnitude / 127) in front of the payload.
-constexpr int64_t kInt8Block = 4096;
+// An integer wire: each block of `block` values as signed integers of
+// `bits` bits in [-levels, levels], with an fp32 scale (the block's largest
+// magnitude / levels) in front of the payload. int8 is one byte a value;
+// int4 two a byte (the first in the low nibble, offset by 8), in smaller
+// blocks, since 15 levels per block leave a block's small values at zero
+// beside one large one (error feedback then carries them to the next sync).
+struct IntegerWire {
+  int bits;
+  int levels;
+  int64_t block;
 
-int64_t int8_bytes(int64_t n) { return (n + kInt8Block - 1) / kInt8Block * 4 + n; }
+  int64_t blocks(int64_t n) const { return (n + block - 1) / block; }
+  int64_t payload(int64_t n) const { return (n * bits + 7) / 8; }
+  int64_t bytes(int64_t n) const { return blocks(n) * 4 + payload(n); }
 
-// x (fp32, n values) as [scales as bytes][one int8 per value], uint8.
-torch::Tensor quantize(const torch::Tensor& x) {
-  const int64_t n = x.numel(), blocks = (n + kInt8Block - 1) / kInt8Block;
-  torch::Tensor padded = torch::zeros({blocks * kInt8Block}, x.options());
-  padded.narrow(0, 0, n).copy_(x);
-  torch::Tensor rows = padded.view({blocks, kInt8Block});
-  torch::Tensor scale = std::get<0>(rows.abs().max(1)).div_(127.0);
-  scale.masked_fill_(scale == 0, 1.0f);
-  torch::Tensor q = rows.div(scale.unsqueeze(1)).round_().clamp_(-127, 127).to(torch::kInt8).reshape({-1});
-  return torch::cat({scale.contiguous().view(torch::kUInt8), q.narrow(0, 0, n).view(torch::kUInt8)});
-}
+  // x (fp32, n values) as [scales as bytes][payload], uint8.
+  torch::Tensor pack(const torch::Tensor& x) const {
+    const int64_t n = x.numel(), b = blocks(n);
+    torch::Tensor padded = torch::zeros({b * block}, x.options());
+    padded.narrow(0, 0, n).copy_(x);
+    torch::Tensor rows = padded.view({b, block});
+    torch::Tensor scale = std::get<0>(rows.abs().max(1)).div_(levels);
+    scale.masked_fill_(scale == 0, 1.0f);
+    torch::Tensor q = rows.div(scale.unsqueeze(1)).round_().clamp_(-levels, levels).reshape({-1}).narrow(0, 0, n);
+    torch::Tensor out;
+    if (bits == 8) {
+      out = q.to(torch::kInt8).view(torch::kUInt8);
+    } else {  // two nibbles a byte
+      torch::Tensor nib = torch::zeros({payload(n) * 2}, torch::kUInt8);
+      nib.narrow(0, 0, n).copy_(q.add(8).to(torch::kUInt8));
+      torch::Tensor pairs = nib.view({-1, 2});
+      out = pairs.select(1, 0).bitwise_or(pairs.select(1, 1).bitwise_left_shift(4));
+    }
+    return torch::cat({scale.contiguous().view(torch::kUInt8), out});
+  }
 
-// The n fp32 values quantize() packed into `bytes`.
-torch::Tensor dequantize(const torch::Tensor& bytes, int64_t n) {
-  const int64_t blocks = (n + kInt8Block - 1) / kInt8Block;
-  torch::Tensor scale = bytes.narrow(0, 0, blocks * 4).contiguous().view(torch::kFloat32);
-  torch::Tensor q = bytes.narrow(0, blocks * 4, n).contiguous().view(torch::kInt8).to(torch::kFloat32);
-  torch::Tensor padded = torch::zeros({blocks * kInt8Block});
-  padded.narrow(0, 0, n).copy_(q);
-  return padded.view({blocks, kInt8Block}).mul_(scale.unsqueeze(1)).reshape({-1}).narrow(0, 0, n);
-}
+  // The n fp32 values pack() put into `bytes`.
+  torch::Tensor unpack(const torch::Tensor& bytes, int64_t n) const {
+    const int64_t b = blocks(n);
+    torch::Tensor scale = bytes.narrow(0, 0, b * 4).contiguous().view(torch::kFloat32);
+    torch::Tensor body = bytes.narrow(0, b * 4, payload(n)).contiguous();
+    torch::Tensor q;
+    if (bits == 8) {
+      q = body.view(torch::kInt8).to(torch::kFloat32);
+    } else {
+      torch::Tensor nib = torch::stack({body.bitwise_and(15), body.bitwise_right_shift(4)}, 1).reshape({-1});
+      q = nib.narrow(0, 0, n).to(torch::kFloat32).sub_(8);
+    }
+    torch::Tensor padded = torch::zeros({b * block});
+    padded.narrow(0, 0, n).copy_(q);
+    return padded.view({b, block}).mul_(scale.unsqueeze(1)).reshape({-1}).narrow(0, 0, n);
+  }
+};
+
+constexpr IntegerWire kInt8Wire{8, 127, 4096};
+constexpr IntegerWire kInt4Wire{4, 7, 128};
+
+const IntegerWire& integer_wire_of(Compression wire) { return wire == Compression::kInt4 ? kInt4Wire : kInt8Wire; }
 
 torch::Tensor find(const NamedTensors& tensors, const std::string& name) {
   for (const auto& [n, t] : tensors) {
@@ -144,7 +175,8 @@ int64_t LocalSync::wire_bytes() const {
   for (int64_t f = 0; f < opts_.fragments; ++f) {
     const int64_t n = slice(fragment(f)).size();
     switch (opts_.wire) {
-      case Compression::kInt8: bytes += int8_bytes(n); break;
+      case Compression::kInt8:
+      case Compression::kInt4: bytes += integer_wire_of(opts_.wire).bytes(n); break;
       case Compression::kBf16:
       case Compression::kFp16: bytes += 2 * n; break;
       default: bytes += 4 * n;
@@ -172,13 +204,14 @@ void LocalSync::launch(InFlight& flight) {
   const auto device = anchor_.device();
   if (n == 0) {
     flight.sum = [] { return torch::zeros({0}); };
-  } else if (opts_.wire == Compression::kInt8) {
-    // Gloo sums int8 modulo 256: every island's bytes are gathered and added
-    // in fp32, in island order, the same on every rank.
-    auto gathered = across_.all_gather_async(flight.sent, "local sync int8 gather");
-    flight.sum = [gathered, n, device] {
+  } else if (integer_wire(opts_.wire)) {
+    // A sum in int8 or int4 would wrap: every island's bytes are gathered and
+    // added in fp32, in island order, the same on every rank.
+    auto gathered = across_.all_gather_async(flight.sent, "local sync integer gather");
+    const IntegerWire& wire = integer_wire_of(opts_.wire);
+    flight.sum = [gathered, n, device, &wire] {
       torch::Tensor sum = torch::zeros({n});
-      for (const auto& part : gathered()) sum.add_(dequantize(part, n));
+      for (const auto& part : gathered()) sum.add_(wire.unpack(part, n));
       return sum.to(device);
     };
   } else {
@@ -212,11 +245,12 @@ void LocalSync::start(int64_t f, int64_t due, bool delayed) {
   torch::Tensor sent = change * island;
   if (opts_.wire == Compression::kBf16) sent = sent.to(torch::kBFloat16);
   if (opts_.wire == Compression::kFp16) sent = sent.to(torch::kFloat16);
-  if (opts_.wire == Compression::kInt8) sent = quantize(sent.cpu());
+  if (integer_wire(opts_.wire)) sent = integer_wire_of(opts_.wire).pack(sent.cpu());
   flight->sent = sent.contiguous();
   if (remainder_.defined()) {  // what the wire carries, per sample, taken from what it should have
-    torch::Tensor carried = opts_.wire == Compression::kInt8 ? dequantize(flight->sent, s.size()).to(change.device())
-                                                             : flight->sent.to(torch::kFloat32);
+    torch::Tensor carried = integer_wire(opts_.wire)
+                                ? integer_wire_of(opts_.wire).unpack(flight->sent, s.size()).to(change.device())
+                                : flight->sent.to(torch::kFloat32);
     if (island > 0) change.sub_(carried.div_(island));
     kept(f).copy_(change);
   }
@@ -387,11 +421,11 @@ std::string LocalSync::load_state(const NamedTensors& shared, const std::vector<
       flight->rank_samples = counts.index({0}).item<double>();
       const Range s = slice(fragment(flight->fragment));
       torch::Tensor sent = find(mine, kInFlightSent);
-      const int64_t sent_size = opts_.wire == Compression::kInt8 ? int8_bytes(s.size()) : s.size();
+      const int64_t sent_size = integer_wire(opts_.wire) ? integer_wire_of(opts_.wire).bytes(s.size()) : s.size();
       COHORT_CHECK(sent.defined() && sent.numel() == sent_size, DataError, "local sync: the checkpoint's ",
                    kInFlightSent, " does not hold this rank's ", s.size(), " values of fragment ", flight->fragment,
                    " (was the run's dist.grad-compression another?)");
-      flight->sent = opts_.wire == Compression::kInt8
+      flight->sent = integer_wire(opts_.wire)
                          ? sent.reshape({-1}).contiguous()
                          : sent.to(on_device.dtype(sent.scalar_type())).reshape({-1}).contiguous();
       flight->island_samples = counts.index({1}).item<double>();

@@ -12,7 +12,7 @@
 // data-parallel training: the average of the ranks' one-step parameters is
 // one step on the average gradient.
 //
-// On a narrow wire (bf16, fp16, int8) with error feedback each rank adds
+// On a narrow wire (bf16, fp16, int8, int4) with error feedback each rank adds
 // to its slice of the change what rounding left out of its last one, and
 // keeps what this rounding leaves out: over the syncs the islands' sum
 // misses nothing for good (Seide et al. 2014; Karimireddy et al. 2019).
@@ -64,7 +64,7 @@ struct LocalSyncOptions {
   int64_t every = 8;          // dist.local-steps
   double outer_lr = 1.0;        // optim.outer-lr
   double outer_momentum = 0.0;  // optim.outer-momentum
-  Compression wire = Compression::kNone;  // the parameter change on the wire: fp32, bf16, fp16 or int8
+  Compression wire = Compression::kNone;  // the parameter change on the wire: fp32, bf16, fp16, int8 or int4
   int64_t fragments = 1;      // dist.outer-fragments
   int64_t delay = 0;          // dist.outer-delay: steps a fragment's sum travels while training goes on
   double mix = 0.5;           // optim.outer-mix: the local parameters' weight when a delayed fragment lands

@@ -41,7 +41,9 @@ TrainState::Snapshot TrainState::capture(Comm& comm, int64_t train_samples,
     PartState p = part->capture();
     for (const auto& [tensor, t] : p.shared) s.rng.emplace_back(part_tensor_name(name, tensor), t.contiguous());
     for (const auto& [tensor, t] : p.own) {
-      auto all = comm.all_gather(t.reshape({-1}).contiguous(), "checkpoint state gather");
+      // Only the main rank writes the checkpoint: the others' state goes to
+      // it alone (over a slow link, once and not to every rank).
+      auto all = comm.gather(t.reshape({-1}).contiguous(), 0, "checkpoint state gather");
       for (size_t r = 0; r < all.size(); ++r) {
         s.rng.emplace_back("rank." + std::to_string(r) + "." + part_tensor_name(name, tensor), all[r]);
       }

@@ -172,9 +172,7 @@ class LocalSteps : public ReplicaSync {
 
   std::string describe() const override {
     const double mib = 1.0 / (1 << 20);
-    const bool narrow = dist_.grad_compression == Compression::kBf16 ||
-                        dist_.grad_compression == Compression::kFp16 || dist_.grad_compression == Compression::kInt8;
-    const char* dtype = narrow ? name_of(dist_.grad_compression) : "fp32";
+    const char* dtype = rounding_wire(dist_.grad_compression) ? name_of(dist_.grad_compression) : "fp32";
     const double per_rank = static_cast<double>(local_sync_->wire_bytes()) * mib;
     std::string out = strf("cohort: sync local: an outer Nesterov step (lr %g, momentum %g) every %lld step(s), "
                            "%.2f MiB in %s per sync", optim_.outer_lr, optim_.outer_momentum,
