@@ -243,11 +243,8 @@ TEST(Elastic, ModernBertGoesOnWithoutALostHost) {
   if (!net.ok()) GTEST_SKIP() << "SKIPPED: network namespaces need root and iproute2";
   TempDir tmp;
   const std::string data = cohort::test::packable_bert_data();
-  const std::string args = cohort::strf(
-      " train --train.task bert-pretrain --model.name modernbert --model.hidden 32 --model.layers 4 "
-      "--model.heads 4 --model.intermediate 48 --model.max-positions 128 --model.local-attention 8 "
-      "--model.dropout 0.1 --model.attention-dropout 0.1 --task.nsp=false --data.pack "
-      "--train.activation-checkpointing --data.global-batch 8 --train.epochs 2 "
+  const std::string args = " train" + cohort::test::kTinyModernBert + cohort::strf(
+      "--data.pack --train.activation-checkpointing --data.global-batch 8 --train.epochs 2 "
       "--train.precision fp32 --log.every-steps 1 --log.sample-ids --dist.timeout 30 --init-method tcp://%s:%d "
       "--nnodes 3 --min-nodes 2 --quiet --data.path %s --out %s",
       net.address(0).c_str(), 29649, data.c_str(), (tmp / "run").c_str());

@@ -146,6 +146,13 @@ inline const std::string& packable_bert_data() {
   return path;
 }
 
+// A ModernBERT small enough for tests, alternating local (window 8) and
+// global attention, dropout on, MLM alone: the model's flags.
+inline const std::string kTinyModernBert =
+    " --train.task bert-pretrain --model.name modernbert --model.hidden 32 --model.layers 4 --model.heads 4 "
+    "--model.intermediate 48 --model.max-positions 128 --model.local-attention 8 --model.dropout 0.1 "
+    "--model.attention-dropout 0.1 --task.nsp=false ";
+
 // Sample ids 0 .. n-1.
 inline std::vector<int64_t> first_ids(int64_t n) {
   std::vector<int64_t> v(static_cast<size_t>(n));

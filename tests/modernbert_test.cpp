@@ -247,11 +247,8 @@ TEST(ModernBert, ReadsHuggingFacesConfigOldAndNew) {
 
 namespace {
 
-const std::string kTrain =
-    " train --train.task bert-pretrain --model.name modernbert --model.hidden 32 --model.layers 4 --model.heads 4 "
-    "--model.intermediate 48 --model.max-positions 128 --model.local-attention 8 --model.dropout 0.1 "
-    "--model.attention-dropout 0.1 --task.nsp=false --data.global-batch 16 --log.every-steps 1 --quiet "
-    "--train.precision fp32 --data.path ";
+const std::string kTrain = " train" + cohort::test::kTinyModernBert +
+                           "--data.global-batch 16 --log.every-steps 1 --quiet --train.precision fp32 --data.path ";
 
 }  // namespace
 

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <map>
 
 #include "cohort/distributed/comm.hpp"
 #include "cohort/sync/grad_sync.hpp"
@@ -471,6 +472,55 @@ TEST_P(IslandsResume, MidWindowIsBitIdentical) {
   ASSERT_EQ(regrouped.code, 0) << regrouped.err;
   EXPECT_NE(regrouped.out.find("in an open window; merged by one outer step before going on with 4 rank(s) in 4 "
                                "island(s)"), std::string::npos) << regrouped.out;
+}
+
+// Evaluation of a streamed run sees the newest model the islands agree
+// on: a fragment still travelling is waited for and its outer step applied
+// to the synced model then, and it lands in each rank's parameters at its
+// step as before, so training is the same with or without evaluations.
+// Windows of 4 steps in 2 fragments close after steps 2 and 0 mod 4, each
+// landing a step later: fragment 0 travels after step 10 and nothing
+// closes at step 11, so the evaluation after step 10 sees the model the one
+// after step 11 does (before: fragment 0 as of step 6). The checkpoint at
+// step 10, written after that evaluation, holds that model with the
+// landing still due, and resumes bit for bit, or regrouped.
+TEST(Islands, EvaluationSeesTheFragmentInFlightSynced) {
+  TempDir tmp;
+  cohort::test::write_tiny_dataset(tmp, 40);
+  const std::string common = "train --model.name mlp --model.hidden 16 --optim.schedule constant --log.every-steps 1 "
+                             "--eval.max-samples 8 --model.dropout 0.1 --data.global-batch 8 --nproc-per-node 4 "
+                             "--oversubscribe --train.max-steps 20 --dist.sync local --dist.local-steps 4 "
+                             "--optim.outer-momentum 0.5 --dist.islands 2 --dist.outer-fragments 2 "
+                             "--dist.outer-delay 1 --dist.grad-compression int4 --dist.outer-error-feedback "
+                             "--data.path " + tmp.path();
+  const std::string run = tmp / "run";
+  auto evaluated = run_cohort(common + " --eval.every-steps 1 --ckpt.every-steps 5 --ckpt.keep 5 --out " + run);
+  ASSERT_EQ(evaluated.code, 0) << evaluated.err;
+  auto plain = run_cohort(common + " --eval.every-steps 1000000 --out " + (tmp / "plain"));
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  const auto a = cohort::test::train_losses(run), b = cohort::test::train_losses(tmp / "plain");
+  ASSERT_EQ(a.size(), 20u);
+  ASSERT_EQ(b.size(), 20u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "evaluations changed training at step " << i + 1;
+  std::map<int64_t, double> eval;
+  for (const auto& line : cohort::test::lines_of(cohort::test::read_file(run + "/metrics.jsonl"))) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "eval") eval[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  ASSERT_EQ(eval.size(), 20u);
+  EXPECT_EQ(eval[10], eval[11]) << "the evaluation after step 10 sees fragment 0 as synced at step 10";
+  EXPECT_NE(eval[9], eval[10]) << "fragment 0 as of step 6, then as of step 10";
+  const std::string state = cohort::test::read_file(run + "/checkpoints/step-10/rng.safetensors");
+  EXPECT_NE(state.find("sync.local.in-flight"), std::string::npos) << "fragment 0 lands after step 11";
+  EXPECT_EQ(state.find("local.in-flight.sent"), std::string::npos) << "applied: nothing to send again";
+  const std::string uninterrupted = model_bytes(run + "/checkpoints/step-20");
+  auto again = run_cohort("train --resume " + run + "/checkpoints/step-10 --quiet");
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_TRUE(model_bytes(run + "/checkpoints/step-20") == uninterrupted) << "the resumed run's model differs";
+  auto regrouped = run_cohort("train --resume " + run + "/checkpoints/step-10 --dist.islands rank --train.max-steps 12");
+  ASSERT_EQ(regrouped.code, 0) << regrouped.err;
+  EXPECT_NE(regrouped.out.find("merged by one outer step before going on with 4 rank(s) in 4 island(s)"),
+            std::string::npos) << regrouped.out;
 }
 
 std::string resume_case_name(size_t index) {

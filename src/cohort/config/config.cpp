@@ -287,8 +287,8 @@ ConfigBinding::ConfigBinding(CLI::App& app, Config& c) {
   bind("dist.outer-delay", c.dist.outer_delay, "dist.sync = local: inner steps a fragment's sum travels while training "
        "goes on before it is applied (0: each sum blocks); below dist.local-steps / dist.outer-fragments");
   bind("dist.outer-error-feedback", c.dist.outer_error_feedback, "dist.sync = local with dist.grad-compression "
-       "bf16, fp16, int8 or int4: each rank keeps what rounding its change left out and adds it to its next sync's (error "
-       "feedback), so that no part of the change is lost for good");
+       "bf16, fp16, int8 or int4: each rank keeps what rounding its change left out and adds it to its next sync's "
+       "(error feedback), so that no part of the change is lost for good");
   bind("dist.islands", c.dist.islands, "dist.sync = local: ranks that train one model exactly together (gradients "
        "summed every step) and meet the other islands in the outer sync: node = one island per node, rank = every "
        "rank its own (flat local steps), sizes = consecutive ranks (e.g. 2, or 2,1); auto = node when there are "
@@ -952,8 +952,8 @@ const std::vector<InertRule>& inert_rules() {
       {"dist.outer-error-feedback", [](const Config& c) { return c.dist.outer_error_feedback && (c.dist.sync == SyncMode::kStep || !rounding_wire(c.dist.grad_compression)); },
        [](Config& c) { c.dist.outer_error_feedback = dist.outer_error_feedback; },
        [](const Config& c) { return std::string(c.dist.outer_error_feedback ? "true" : "false"); },
-       "applies to a rounded outer sync (dist.sync = local with dist.grad-compression bf16, fp16, int8 or int4); an fp32 "
-       "change loses nothing: set one of those, or drop the key"},
+       "applies to a rounded outer sync (dist.sync = local with dist.grad-compression bf16, fp16, int8 or int4); an "
+       "fp32 change loses nothing: set one of those, or drop the key"},
       {"dist.outer-fragments", [](const Config& c) { return c.dist.sync == SyncMode::kStep && c.dist.outer_fragments != dist.outer_fragments; },
        [](Config& c) { c.dist.outer_fragments = dist.outer_fragments; },
        [](const Config& c) { return std::to_string(c.dist.outer_fragments); }, every_step},

@@ -79,9 +79,10 @@ Forward fused_forward(const torch::Tensor& logits, const torch::Tensor& labels) 
   const int64_t n = logits.size(0), v = logits.size(1);
   const uint16_t* x = bits(logits);
   const int64_t* y = labels.const_data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i)
+  for (int64_t i = 0; i < n; ++i) {
     COHORT_CHECK(y[i] >= 0 && y[i] < v, Error, "cross_entropy_sum: row ", i, "'s label ", y[i], " is outside [0, ",
                  v, ")");
+  }
   Forward f;
   f.lse = torch::empty({n}, logits.options().dtype(torch::kFloat));
   float* lse = f.lse.data_ptr<float>();

@@ -258,25 +258,36 @@ void LocalSync::start(int64_t f, int64_t due, bool delayed) {
   in_flight_ = std::move(flight);
 }
 
-void LocalSync::finish() {
-  torch::NoGradGuard no_grad;
-  std::unique_ptr<InFlight> flight = std::move(in_flight_);
-  flight->wait_count();
-  torch::Tensor piece = flight->sum();
-  const double total = flight->count.item<double>();
+void LocalSync::apply(InFlight& flight) {
+  if (flight.applied) return;
+  flight.wait_count();
+  torch::Tensor piece = flight.sum();
+  const double total = flight.count.item<double>();
   piece.div_(total > 0 ? total : 1.0);
   if (inside_.size() > 1) piece = torch::cat(inside_.all_gather(piece, "local sync island gather"));
-  const Range r = fragment(flight->fragment);
-  outer_step(r, piece);
-  // The fragment lands: the synced values, or after a delay those mixed with
-  // the local progress made while the sum travelled.
-  torch::Tensor flat = flat_params();
+  outer_step(fragment(flight.fragment), piece);
+  flight.applied = true;
+  flight.sum = nullptr;  // its buffers are no longer needed
+  flight.sent = torch::Tensor();
+}
+
+void LocalSync::land(const Range& r, bool delayed, torch::Tensor& flat) const {
   torch::Tensor mine = flat.narrow(0, r.lo, r.size()), synced = anchor_.narrow(0, r.lo, r.size());
-  if (flight->delayed) {
+  if (delayed) {
     mine.mul_(opts_.mix).add_(synced, 1.0 - opts_.mix);
   } else {
     mine.copy_(synced);
   }
+}
+
+void LocalSync::finish() {
+  torch::NoGradGuard no_grad;
+  std::unique_ptr<InFlight> flight = std::move(in_flight_);
+  apply(*flight);
+  // The fragment lands: the synced values, or after a delay those mixed with
+  // the local progress made while the sum travelled.
+  torch::Tensor flat = flat_params();
+  land(fragment(flight->fragment), flight->delayed, flat);
   set_params(flat);
 }
 
@@ -319,6 +330,14 @@ void LocalSync::with_synced(const std::function<void()>& fn) {
   stash_ = torch::Tensor();
 }
 
+void LocalSync::with_newest_synced(const std::function<void()>& fn) {
+  if (in_flight_ && !stash_.defined()) {
+    torch::NoGradGuard no_grad;
+    apply(*in_flight_);  // finish() then only lands it: the same outer step, earlier
+  }
+  with_synced(fn);
+}
+
 void LocalSync::restart(const NamedTensors& shared) {
   const torch::Tensor momentum = find(shared, kMomentum);
   anchor_ = flat_params();
@@ -338,7 +357,8 @@ NamedTensors LocalSync::shared_state() const {
   NamedTensors out{{kMomentum, momentum_}};
   if (in_flight_) {
     out.emplace_back(kInFlight, torch::tensor({in_flight_->fragment, in_flight_->due,
-                                               static_cast<int64_t>(in_flight_->delayed)}, torch::kInt64));
+                                               static_cast<int64_t>(in_flight_->delayed),
+                                               static_cast<int64_t>(in_flight_->applied)}, torch::kInt64));
   }
   return out;
 }
@@ -349,7 +369,7 @@ NamedTensors LocalSync::own_state() const {
                    {kIsland, torch::tensor({static_cast<int64_t>(island_)}, torch::kInt64)}};
   if (remainder_.defined()) out.emplace_back(kRemainder, remainder_);
   if (in_flight_) {
-    out.emplace_back(kInFlightSent, in_flight_->sent);
+    if (!in_flight_->applied) out.emplace_back(kInFlightSent, in_flight_->sent);
     out.emplace_back(kInFlightSamples,
                      torch::tensor({in_flight_->rank_samples, in_flight_->island_samples}, torch::kFloat64));
   }
@@ -383,6 +403,8 @@ std::string LocalSync::load_state(const NamedTensors& shared, const std::vector<
   };
   momentum_ = check(find(shared, kMomentum), kMomentum, anchor_.numel(), on_device).clone();
   const torch::Tensor flying = find(shared, kInFlight);
+  // Checkpoints from before early application hold 3 values: not applied.
+  const bool applied = flying.defined() && flying.numel() > 3 && flying.index({3}).item<int64_t>() != 0;
   // The writer's islands (checkpoints from before islands: one per rank)
   // and fragments.
   auto same_layout = [&] {
@@ -412,13 +434,20 @@ std::string LocalSync::load_state(const NamedTensors& shared, const std::vector<
         remainder_.copy_(check(kept, kRemainder, remainder_.numel(), on_device));
       }
     }
-    if (flying.defined()) {  // send it again: every rank sends what it sent, so the sum is the same
+    if (flying.defined()) {
       auto flight = std::make_unique<InFlight>();
       flight->fragment = flying.index({0}).item<int64_t>();
       flight->due = flying.index({1}).item<int64_t>();
       flight->delayed = flying.index({2}).item<int64_t>() != 0;
       const torch::Tensor counts = check(find(mine, kInFlightSamples), kInFlightSamples, 2, f64);
       flight->rank_samples = counts.index({0}).item<double>();
+      flight->island_samples = counts.index({1}).item<double>();
+      if (applied) {  // its outer step is in the checkpoint's model: it only lands
+        flight->applied = true;
+        in_flight_ = std::move(flight);
+        return "";
+      }
+      // Send it again: every rank sends what it sent, so the sum is the same.
       const Range s = slice(fragment(flight->fragment));
       torch::Tensor sent = find(mine, kInFlightSent);
       const int64_t sent_size = integer_wire(opts_.wire) ? integer_wire_of(opts_.wire).bytes(s.size()) : s.size();
@@ -428,7 +457,6 @@ std::string LocalSync::load_state(const NamedTensors& shared, const std::vector<
       flight->sent = integer_wire(opts_.wire)
                          ? sent.reshape({-1}).contiguous()
                          : sent.to(on_device.dtype(sent.scalar_type())).reshape({-1}).contiguous();
-      flight->island_samples = counts.index({1}).item<double>();
       launch(*flight);
       in_flight_ = std::move(flight);
     }
@@ -436,11 +464,13 @@ std::string LocalSync::load_state(const NamedTensors& shared, const std::vector<
   }
   // Other islands or fragments: each of the writer's fragments merges its
   // open window as a sync would have. A fragment in flight had not landed:
-  // its window runs from its last sync, so its sent samples count again.
+  // its window runs from its last sync, so its sent samples count again;
+  // unless its outer step is applied already (the checkpoint's model holds
+  // it), when it lands in each rank's parameters first, as at its step.
   std::vector<std::vector<double>> counts;
   for (const auto& r : by_rank) {
     counts.push_back(samples(r));
-    if (flying.defined()) {
+    if (flying.defined() && !applied) {
       const torch::Tensor sent = check(find(r, kInFlightSamples), kInFlightSamples, 2, f64);
       counts.back().at(static_cast<size_t>(flying.index({0}).item<int64_t>())) += sent.index({0}).item<double>();
     }
@@ -451,6 +481,11 @@ std::string LocalSync::load_state(const NamedTensors& shared, const std::vector<
   double merged = 0;
   std::vector<torch::Tensor> params;
   for (const auto& r : by_rank) params.push_back(check(find(r, kParams), kParams, n, on_device));
+  if (applied) {
+    const int64_t f = flying.index({0}).item<int64_t>();
+    const Range range{std::min(n, per * f), std::min(n, per * f + per)};
+    for (auto& p : params) land(range, flying.index({2}).item<int64_t>() != 0, p);
+  }
   for (int64_t f = 0; f < fragments; ++f) {
     const Range range{std::min(n, per * f), std::min(n, per * f + per)};
     double total = 0;

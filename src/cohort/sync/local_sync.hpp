@@ -24,7 +24,9 @@
 // `delay` of d steps a fragment's sum is started after step s and applied
 // after step s + d while training goes on: the landed fragment is the outer
 // step's result mixed with the local progress of those d steps, mix * local
-// + (1 - mix) * synced. With delay 0 every sum blocks, as above.
+// + (1 - mix) * synced. With delay 0 every sum blocks, as above. An
+// evaluation in the meantime applies the sum's outer step to the synced
+// parameters early (with_newest_synced); the fragment still lands at s + d.
 //
 // Islands (dist.islands): the ranks of an island train one model exactly
 // together (their gradients summed every step), so the island is the unit
@@ -93,9 +95,18 @@ class LocalSync {
   // this rank's back: evaluation and the checkpoint's model see the synced
   // model, the same on every rank.
   void with_synced(const std::function<void()>& fn);
+  // Collective (every rank, at one step): as with_synced, with the newest
+  // sync in: a fragment still travelling is waited for and its outer step
+  // applied to the synced parameters now, not at its step; it still lands
+  // in this rank's parameters at its step, so training does not change.
+  // Evaluation then sees the newest model the islands agree on, not one
+  // whose last-sent fragment is a window old, and a checkpoint written at
+  // the same step holds that model (and the landing still due).
+  void with_newest_synced(const std::function<void()>& fn);
 
   // Checkpoint state. Shared (the same on every rank): the synced
-  // parameters' outer momentum, and which fragment is in flight until when.
+  // parameters' outer momentum, and which fragment is in flight until when
+  // (and whether its outer step is applied already: then it only lands).
   // Own: this rank's parameters, the samples it trained on since each
   // fragment last met, its island, what it sent of the fragment in flight,
   // and its error-feedback remainder. The synced parameters themselves are
@@ -143,6 +154,7 @@ class LocalSync {
     torch::Tensor count;     // the islands' samples being summed
     std::function<void()> wait_count;
     std::function<torch::Tensor()> sum;  // waits; the islands' weighted slices summed, fp32
+    bool applied = false;    // its outer step is in the synced parameters (received early); it lands at `due`
   };
 
   torch::Tensor flat_params() const;
@@ -156,9 +168,14 @@ class LocalSync {
   void start(int64_t f, int64_t due, bool delayed);
   // Sends `flight`'s slice: the islands' sample count, then the change.
   void launch(InFlight& flight);
-  // Waits for the sum in flight, gathers the island's slices, applies the
-  // outer step to the fragment and lands it in the module.
+  // Waits for `flight`'s sum, gathers the island's slices and applies the
+  // outer step to its fragment of the synced parameters (once).
+  void apply(InFlight& flight);
+  // Applies the sum in flight and lands the fragment in the module.
   void finish();
+  // Lands fragment `r` of the synced parameters in `flat` (a rank's): after
+  // a delay, mixed with the local progress made while the sum travelled.
+  void land(const Range& r, bool delayed, torch::Tensor& flat) const;
   void outer_step(const Range& r, const torch::Tensor& mean_change);
 
   // The world's ranks and islands, this rank's island, and the slices the

@@ -219,7 +219,7 @@ void Trainer::Parts::run_eval() {
   last_eval_step = state.step;
   auto t0 = Clock::now();
   EvalReport r;
-  replicas->with_synced([&] { r = evaluate_report(*task, *eval_data, comm, cfg.eval, state.step); });
+  replicas->with_newest_synced([&] { r = evaluate_report(*task, *eval_data, comm, cfg.eval, state.step); });
   reporter->eval(r);
   log->interval().start += Clock::now() - t0;  // evaluation time is not training throughput
   last_eval_text = "; " + r.split + ":" + format_metrics(r.metrics);

@@ -124,6 +124,7 @@ class LocalSteps : public ReplicaSync {
     return local_sync_->after_step(step, samples, last);
   }
   void with_synced(const std::function<void()>& fn) override { local_sync_->with_synced(fn); }
+  void with_newest_synced(const std::function<void()>& fn) override { local_sync_->with_newest_synced(fn); }
 
   PartState capture() const override {
     PartState s{local_sync_->shared_state(), local_sync_->own_state()};

@@ -44,6 +44,10 @@ class ReplicaSync : public StatePart {
   // Runs `fn` with the model every rank agrees on in the module (local
   // steps: the last sync's; otherwise the module as it is).
   virtual void with_synced(const std::function<void()>& fn) = 0;
+  // Collective (every rank, at one step; an evaluation): as with_synced,
+  // with the newest agreed model (a streamed sync's fragment in flight is
+  // waited for and shown synced; training does not change).
+  virtual void with_newest_synced(const std::function<void()>& fn) { with_synced(fn); }
 
   std::string state_name() const override { return "sync"; }
   // restore: at another world size, what each rank's own state allows (a
