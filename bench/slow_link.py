@@ -43,8 +43,8 @@ and prints per method and link: steps per second, bytes on the wire per step
 (host 0's interface counters, both directions, start-up and the final
 checkpoint included), the same in steady state ("steady": between the first
 logged step and the last one a whole number of sync windows later, before
-the final step; evaluations in between count), the validation loss (the first --eval-rows rows of the
-valid split) at fixed steps, and the training wall time to reach the
+the final step; evaluations in between count), the validation loss (the
+first --eval-rows rows of the valid split) at fixed steps, and the training wall time to reach the
 validation loss exact training reaches at step N = --target-step (evaluation
 time excluded; linear between evaluations; "-" when not reached). Exact
 methods run 1.25 N steps, the others 2 N.

@@ -639,7 +639,9 @@ static void four_hosts_one_dies(const NetnsHosts& net, const TempDir& tmp, const
   }
   hosts[static_cast<size_t>(dies)]->wait(30s);
   for (int h = 0; h < 4; ++h) {
-    if (h != dies) ASSERT_EQ(hosts[static_cast<size_t>(h)]->wait_exit(), 0) << errs;
+    if (h != dies) {
+      ASSERT_EQ(hosts[static_cast<size_t>(h)]->wait_exit(), 0) << errs;
+    }
   }
   *out0 = hosts[0]->out() + hosts[0]->err();
 }
